@@ -1,0 +1,28 @@
+# Every dependency zoffload builds against, from Debian packages (tools/install-deps.sh)
+# or, for CUDA and NCCL, from the CUDA toolkit.
+find_package(Threads REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+find_package(LibUring 2.0 REQUIRED)
+find_package(Hwloc 2.0 REQUIRED)
+find_package(TBB REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(hwy REQUIRED)
+find_package(Boost 1.74 REQUIRED)  # header-only: Boost.Lockfree
+
+set(ZO_HAVE_CUDA OFF)
+if(ZO_WITH_CUDA)
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)  # sm_90 SASS + compute_90 PTX
+    endif()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 20)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    find_package(CUDAToolkit REQUIRED)
+    find_package(NCCL REQUIRED)
+    set(ZO_HAVE_CUDA ON)
+  endif()
+endif()
+message(STATUS "zoffload: CUDA ${ZO_HAVE_CUDA}")

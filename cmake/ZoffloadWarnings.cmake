@@ -1,0 +1,8 @@
+# Warnings for our own targets. CMAKE_COMPILE_WARNING_AS_ERROR (set from $CI by the
+# presets) turns them into errors.
+function(zo_set_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wnon-virtual-dtor
+      -Wcast-align -Wunused -Woverloaded-virtual -Wimplicit-fallthrough>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+endfunction()

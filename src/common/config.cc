@@ -1,0 +1,710 @@
+// Strict JSON <-> Config.
+//
+// 1. One schema: VisitStruct(visitor, struct) lists each struct's keys once. Three visitors
+//    walk it: Reader (JSON -> struct, type checks, unknown keys), Writer (struct -> JSON) and
+//    KeyLister (the accepted key paths, which docs/config.md must match).
+// 2. Reading never stops at the first problem: every error is collected with its JSON path,
+//    then ValidateConfig adds the cross-field errors, and all are returned together.
+// 3. Duplicate keys are found while parsing (nlohmann keeps the last silently otherwise).
+#include "zoffload/config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "common/errno_status.h"
+#include "common/strings.h"
+
+namespace zoffload {
+namespace {
+
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
+
+// ---- enum names -------------------------------------------------------------------------
+
+template <typename E>
+struct EnumTable;
+template <>
+struct EnumTable<OffloadDevice> {
+  static constexpr std::pair<OffloadDevice, std::string_view> kEntries[] = {
+      {OffloadDevice::kNone, "none"}, {OffloadDevice::kCpu, "cpu"}, {OffloadDevice::kNvme, "nvme"}};
+};
+template <>
+struct EnumTable<OptimizerType> {
+  static constexpr std::pair<OptimizerType, std::string_view> kEntries[] = {
+      {OptimizerType::kAdam, "Adam"}, {OptimizerType::kAdamW, "AdamW"}};
+};
+template <>
+struct EnumTable<StatePrecision> {
+  static constexpr std::pair<StatePrecision, std::string_view> kEntries[] = {
+      {StatePrecision::kFp32, "fp32"},
+      {StatePrecision::kBf16, "bf16"},
+      {StatePrecision::kInt8, "int8"}};
+};
+
+template <typename E>
+std::string_view EnumName(E value) {
+  for (const auto& [v, name] : EnumTable<E>::kEntries) {
+    if (v == value) return name;
+  }
+  return "?";
+}
+
+bool EqualsIgnoreCase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// ---- the schema -------------------------------------------------------------------------
+
+template <typename V>
+void VisitStruct(V& v, OptimizerParams& c) {
+  v.Field("lr", c.lr);
+  v.Field("betas", c.betas);
+  v.Field("eps", c.eps);
+  v.Field("weight_decay", c.weight_decay);
+  v.Field("adam_w_mode", c.adam_w_mode);
+}
+template <typename V>
+void VisitStruct(V& v, OptimizerConfig& c) {
+  v.Field("type", c.type);
+  v.Object("params", c.params);
+}
+template <typename V>
+void VisitStruct(V& v, Bf16Config& c) {
+  v.Field("enabled", c.enabled);
+}
+template <typename V>
+void VisitStruct(V& v, Fp16Config& c) {
+  v.Field("enabled", c.enabled);
+  v.Field("loss_scale", c.loss_scale);
+  v.Field("initial_scale_power", c.initial_scale_power);
+  v.Field("loss_scale_window", c.loss_scale_window);
+  v.Field("hysteresis", c.hysteresis);
+  v.Field("min_loss_scale", c.min_loss_scale);
+}
+template <typename V>
+void VisitStruct(V& v, OffloadOptimizerConfig& c) {
+  v.Field("device", c.device);
+  v.Field("nvme_path", c.nvme_path);
+  v.Field("pin_memory", c.pin_memory);
+  v.Field("buffer_count", c.buffer_count);
+  v.Field("ratio", c.ratio);
+  v.Field("pipeline_read", c.pipeline_read);
+  v.Field("pipeline_write", c.pipeline_write);
+}
+template <typename V>
+void VisitStruct(V& v, OffloadParamConfig& c) {
+  v.Field("device", c.device);
+  v.Field("nvme_path", c.nvme_path);
+  v.Field("pin_memory", c.pin_memory);
+  v.Field("buffer_count", c.buffer_count);
+  v.Field("buffer_size", c.buffer_size);
+  v.Field("max_in_cpu", c.max_in_cpu);
+}
+template <typename V>
+void VisitStruct(V& v, ZeroConfig& c) {
+  v.Field("stage", c.stage);
+  v.Field("contiguous_gradients", c.contiguous_gradients);
+  v.Field("overlap_comm", c.overlap_comm);
+  v.Field("reduce_bucket_size", c.reduce_bucket_size);
+  v.Field("allgather_bucket_size", c.allgather_bucket_size);
+  v.Object("offload_optimizer", c.offload_optimizer);
+  v.Object("offload_param", c.offload_param);
+  v.Field("stage3_prefetch_bucket_size", c.stage3_prefetch_bucket_size);
+  v.Field("stage3_param_persistence_threshold", c.stage3_param_persistence_threshold);
+  v.Field("stage3_max_live_parameters", c.stage3_max_live_parameters);
+  v.Field("stage3_max_reuse_distance", c.stage3_max_reuse_distance);
+}
+template <typename V>
+void VisitStruct(V& v, AioConfig& c) {
+  v.Field("block_size", c.block_size);
+  v.Field("queue_depth", c.queue_depth);
+  v.Field("intra_op_parallelism", c.intra_op_parallelism, "thread_count");
+  v.Field("single_submit", c.single_submit);
+  v.Field("overlap_events", c.overlap_events);
+}
+template <typename V>
+void VisitStruct(V& v, TierBudgets& c) {
+  v.Field("gpu_bytes", c.gpu_bytes);
+  v.Field("pinned_host_bytes", c.pinned_host_bytes);
+  v.Field("host_bytes", c.host_bytes);
+}
+template <typename V>
+void VisitStruct(V& v, ZoffloadSection& c) {
+  v.Field("nvme_paths", c.nvme_paths);
+  v.Object("budgets", c.budgets);
+  v.Field("optimizer_state", c.optimizer_state);
+  v.Field("trace_path", c.trace_path);
+}
+template <typename V>
+void VisitStruct(V& v, Config& c) {
+  v.Field("train_batch_size", c.train_batch_size);
+  v.Field("train_micro_batch_size_per_gpu", c.train_micro_batch_size_per_gpu);
+  v.Field("gradient_accumulation_steps", c.gradient_accumulation_steps);
+  v.Field("gradient_clipping", c.gradient_clipping);
+  v.Field("wall_clock_breakdown", c.wall_clock_breakdown);
+  v.Object("optimizer", c.optimizer);
+  v.Object("bf16", c.bf16);
+  v.Object("fp16", c.fp16);
+  v.Object("zero_optimization", c.zero_optimization);
+  v.Object("aio", c.aio);
+  v.Object("zoffload", c.zoffload);
+}
+
+std::string JoinPath(const std::string& prefix, std::string_view key) {
+  return prefix.empty() ? std::string(key) : StrCat(prefix, ".", key);
+}
+
+std::string Describe(const Json& node) {
+  std::string text = node.dump();
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return StrCat(node.type_name(), " ", text);
+}
+
+// ---- Reader: JSON -> struct -------------------------------------------------------------
+
+class Reader {
+ public:
+  Reader(const Json& object, std::string path, std::vector<std::string>* errors)
+      : object_(object), path_(std::move(path)), errors_(errors) {}
+
+  template <typename T>
+  void Field(std::string_view key, T& value, std::string_view alias = {}) {
+    if (const Json* node = Find(key, alias)) Convert(*node, JoinPath(path_, key), value);
+  }
+
+  template <typename S>
+  void Object(std::string_view key, S& sub) {
+    const Json* node = Find(key, {});
+    if (node == nullptr) return;
+    const std::string path = JoinPath(path_, key);
+    if (!node->is_object()) {
+      Error(path, StrCat("expected an object, got ", Describe(*node)));
+      return;
+    }
+    ReadStruct(*node, path, sub, errors_);
+  }
+
+  template <typename S>
+  static void ReadStruct(const Json& node, const std::string& path, S& out,
+                         std::vector<std::string>* errors) {
+    Reader reader(node, path, errors);
+    VisitStruct(reader, out);
+    reader.CheckUnknownKeys();
+  }
+
+ private:
+  const Json* Find(std::string_view key, std::string_view alias) {
+    known_.emplace_back(key);
+    if (!alias.empty()) known_.emplace_back(alias);
+    const auto it = object_.find(key);
+    const auto alias_it = alias.empty() ? object_.end() : object_.find(alias);
+    if (it != object_.end() && alias_it != object_.end()) {
+      Error(JoinPath(path_, alias), StrCat("both '", key, "' and its alias '", alias, "' are set"));
+      return nullptr;
+    }
+    if (it != object_.end()) return &*it;
+    if (alias_it != object_.end()) return &*alias_it;
+    return nullptr;
+  }
+
+  void CheckUnknownKeys() {
+    for (const auto& item : object_.items()) {
+      const std::string& key = item.key();
+      if (std::find(known_.begin(), known_.end(), key) != known_.end()) continue;
+      std::string_view nearest;
+      size_t best = std::numeric_limits<size_t>::max();
+      for (const std::string& candidate : known_) {
+        const size_t d = EditDistance(key, candidate);
+        if (d < best) {
+          best = d;
+          nearest = candidate;
+        }
+      }
+      std::string message = "unknown key";
+      if (!nearest.empty() && best <= std::max<size_t>(2, key.size() / 3)) {
+        message += StrCat("; did you mean '", nearest, "'?");
+      } else {
+        std::string valid;
+        for (const std::string& candidate : known_)
+          valid += StrCat(valid.empty() ? "" : ", ", candidate);
+        message += StrCat("; valid keys here: ", valid);
+      }
+      Error(JoinPath(path_, key), message);
+    }
+  }
+
+  void Error(const std::string& path, const std::string& message) {
+    errors_->push_back(StrCat(path, ": ", message));
+  }
+
+  void Convert(const Json& node, const std::string& path, bool& out) {
+    if (!node.is_boolean())
+      return Error(path, StrCat("expected true or false, got ", Describe(node)));
+    out = node.get<bool>();
+  }
+
+  // Integers: JSON integers, or numbers such as 5e8 whose value is integral (DeepSpeed
+  // configs often write bucket sizes that way).
+  bool ReadInteger(const Json& node, const std::string& path, long double lo, long double hi,
+                   long double* out) {
+    if (!node.is_number()) {
+      Error(path, StrCat("expected an integer, got ", Describe(node)));
+      return false;
+    }
+    long double v;
+    if (node.is_number_unsigned()) {
+      v = static_cast<long double>(node.get<uint64_t>());
+    } else if (node.is_number_integer()) {
+      v = static_cast<long double>(node.get<int64_t>());
+    } else {
+      v = static_cast<long double>(node.get<double>());
+      if (!std::isfinite(v) || v != std::floor(v)) {
+        Error(path, StrCat("expected an integer, got ", Describe(node)));
+        return false;
+      }
+    }
+    if (v < lo || v > hi) {
+      Error(path, StrCat("integer ", node.dump(), " is out of range [", static_cast<double>(lo),
+                         ", ", static_cast<double>(hi), "]"));
+      return false;
+    }
+    *out = v;
+    return true;
+  }
+
+  void Convert(const Json& node, const std::string& path, int& out) {
+    long double v;
+    if (ReadInteger(node, path, std::numeric_limits<int>::min(), std::numeric_limits<int>::max(),
+                    &v)) {
+      out = static_cast<int>(v);
+    }
+  }
+  void Convert(const Json& node, const std::string& path, int64_t& out) {
+    if (node.is_number_integer() && !node.is_number_unsigned()) {
+      out = node.get<int64_t>();
+      return;
+    }
+    long double v;
+    if (ReadInteger(node, path, -9.2e18L, 9.2e18L, &v)) out = static_cast<int64_t>(v);
+  }
+  // Byte counts: an integer, or a string such as "24GiB".
+  void Convert(const Json& node, const std::string& path, uint64_t& out) {
+    if (node.is_string()) {
+      if (!ParseByteSize(node.get<std::string>(), &out)) {
+        Error(path, StrCat("expected a byte count such as 25769803776 or \"24GiB\", got ",
+                           Describe(node)));
+      }
+      return;
+    }
+    if (node.is_number_unsigned()) {
+      out = node.get<uint64_t>();
+      return;
+    }
+    long double v;
+    if (ReadInteger(node, path, 0, 1.8e19L, &v)) out = static_cast<uint64_t>(v);
+  }
+  void Convert(const Json& node, const std::string& path, double& out) {
+    if (!node.is_number()) return Error(path, StrCat("expected a number, got ", Describe(node)));
+    out = node.get<double>();
+  }
+  void Convert(const Json& node, const std::string& path, std::string& out) {
+    if (!node.is_string()) return Error(path, StrCat("expected a string, got ", Describe(node)));
+    out = node.get<std::string>();
+  }
+  void Convert(const Json& node, const std::string& path, std::vector<std::string>& out) {
+    if (!node.is_array()) {
+      return Error(path, StrCat("expected an array of strings, got ", Describe(node)));
+    }
+    std::vector<std::string> values;
+    for (size_t i = 0; i < node.size(); ++i) {
+      if (!node[i].is_string()) {
+        return Error(StrCat(path, "[", i, "]"),
+                     StrCat("expected a string, got ", Describe(node[i])));
+      }
+      values.push_back(node[i].get<std::string>());
+    }
+    out = std::move(values);
+  }
+  void Convert(const Json& node, const std::string& path, std::array<double, 2>& out) {
+    if (!node.is_array() || node.size() != 2 || !node[0].is_number() || !node[1].is_number()) {
+      return Error(path, StrCat("expected an array of two numbers, got ", Describe(node)));
+    }
+    out = {node[0].get<double>(), node[1].get<double>()};
+  }
+  template <typename E>
+  requires std::is_enum_v<E>
+  void Convert(const Json& node, const std::string& path, E& out) {
+    std::string valid;
+    for (const auto& [v, name] : EnumTable<E>::kEntries) {
+      valid += StrCat(valid.empty() ? "" : ", ", "\"", name, "\"");
+      if (node.is_string() && EqualsIgnoreCase(node.get<std::string>(), name)) {
+        out = v;
+        return;
+      }
+    }
+    Error(path, StrCat("expected one of ", valid, ", got ", Describe(node)));
+  }
+  template <typename T>
+  void Convert(const Json& node, const std::string& path, std::optional<T>& out) {
+    if (node.is_null()) {
+      out.reset();
+      return;
+    }
+    T value{};
+    const size_t errors_before = errors_->size();
+    Convert(node, path, value);
+    if (errors_->size() == errors_before) out = value;
+  }
+
+  const Json& object_;
+  std::string path_;
+  std::vector<std::string>* errors_;
+  std::vector<std::string> known_;
+};
+
+// ---- Writer: struct -> JSON -------------------------------------------------------------
+
+class Writer {
+ public:
+  explicit Writer(OrderedJson* out) : out_(out) {}
+
+  template <typename T>
+  void Field(std::string_view key, T& value, std::string_view /*alias*/ = {}) {
+    if constexpr (std::is_enum_v<T>) {
+      (*out_)[std::string(key)] = std::string(EnumName(value));
+    } else if constexpr (requires { value.has_value(); }) {
+      if (value.has_value()) (*out_)[std::string(key)] = *value;
+    } else {
+      (*out_)[std::string(key)] = value;
+    }
+  }
+
+  template <typename S>
+  void Object(std::string_view key, S& sub) {
+    OrderedJson child = OrderedJson::object();
+    Writer writer(&child);
+    VisitStruct(writer, sub);
+    (*out_)[std::string(key)] = std::move(child);
+  }
+
+ private:
+  OrderedJson* out_;
+};
+
+// ---- KeyLister: the accepted paths ------------------------------------------------------
+
+class KeyLister {
+ public:
+  KeyLister(std::string prefix, std::vector<std::string>* keys)
+      : prefix_(std::move(prefix)), keys_(keys) {}
+
+  template <typename T>
+  void Field(std::string_view key, T& /*value*/, std::string_view /*alias*/ = {}) {
+    keys_->push_back(JoinPath(prefix_, key));
+  }
+  template <typename S>
+  void Object(std::string_view key, S& sub) {
+    KeyLister lister(JoinPath(prefix_, key), keys_);
+    VisitStruct(lister, sub);
+  }
+
+ private:
+  std::string prefix_;
+  std::vector<std::string>* keys_;
+};
+
+// ---- duplicate keys ---------------------------------------------------------------------
+
+// Tracks the keys of each open object while nlohmann parses, to report duplicates with
+// their path.
+class DuplicateKeyFinder {
+ public:
+  explicit DuplicateKeyFinder(std::vector<std::string>* errors) : errors_(errors) {}
+
+  bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    switch (event) {
+      case Json::parse_event_t::object_start:
+        scopes_.push_back({true, {}, PathOfNext(), {}});
+        break;
+      case Json::parse_event_t::array_start:
+        scopes_.push_back({false, {}, PathOfNext(), {}});
+        break;
+      case Json::parse_event_t::object_end:
+      case Json::parse_event_t::array_end:
+        if (!scopes_.empty()) scopes_.pop_back();
+        break;
+      case Json::parse_event_t::key: {
+        Scope& scope = scopes_.back();
+        const std::string key = parsed.get<std::string>();
+        if (!scope.keys.insert(key).second) {
+          errors_->push_back(StrCat(JoinPath(scope.path, key), ": duplicate key"));
+        }
+        scope.last_key = key;
+        break;
+      }
+      case Json::parse_event_t::value:
+        break;
+    }
+    return true;
+  }
+
+ private:
+  struct Scope {
+    bool is_object;
+    std::set<std::string> keys;
+    std::string path;
+    std::string last_key;
+  };
+  std::string PathOfNext() const {
+    if (scopes_.empty()) return "";
+    const Scope& parent = scopes_.back();
+    return parent.is_object ? JoinPath(parent.path, parent.last_key) : StrCat(parent.path, "[]");
+  }
+
+  std::vector<std::string>* errors_;
+  std::vector<Scope> scopes_;
+};
+
+// ---- cross-field rules ------------------------------------------------------------------
+
+class RuleChecker {
+ public:
+  explicit RuleChecker(std::vector<std::string>* errors) : errors_(errors) {}
+  void Require(bool ok, std::string_view path, const std::string& message) {
+    if (!ok) errors_->push_back(StrCat(path, ": ", message));
+  }
+  template <typename T>
+  void Positive(T value, std::string_view path) {
+    Require(value > 0, path, StrCat("must be > 0, got ", value));
+  }
+  template <typename T>
+  void NonNegative(T value, std::string_view path) {
+    Require(value >= 0, path, StrCat("must be >= 0, got ", value));
+  }
+
+ private:
+  std::vector<std::string>* errors_;
+};
+
+void ResolveBatchSizes(Config& c, int world_size, RuleChecker& check) {
+  auto& train = c.train_batch_size;
+  auto& micro = c.train_micro_batch_size_per_gpu;
+  auto& accumulation = c.gradient_accumulation_steps;
+  bool ok = true;
+  for (const auto& [value, name] :
+       {std::pair{train, "train_batch_size"}, std::pair{micro, "train_micro_batch_size_per_gpu"},
+        std::pair{accumulation, "gradient_accumulation_steps"}}) {
+    if (value.has_value() && *value <= 0) {
+      check.Require(false, name, StrCat("must be > 0, got ", *value));
+      ok = false;
+    }
+  }
+  if (!ok) return;
+  const int64_t ws = world_size;
+  if (train && micro && accumulation) {
+    const int64_t product = *micro * *accumulation * ws;
+    check.Require(*train == product, "train_batch_size",
+                  StrCat(*train, " != train_micro_batch_size_per_gpu (", *micro,
+                         ") x gradient_accumulation_steps (", *accumulation, ") x world size (", ws,
+                         ") = ", product));
+  } else if (train && micro) {
+    const int64_t per_step = *micro * ws;
+    check.Require(*train % per_step == 0, "train_batch_size",
+                  StrCat(*train, " is not divisible by train_micro_batch_size_per_gpu (", *micro,
+                         ") x world size (", ws, ") = ", per_step));
+    if (*train % per_step == 0) accumulation = *train / per_step;
+  } else if (train && accumulation) {
+    const int64_t per_micro = *accumulation * ws;
+    check.Require(*train % per_micro == 0, "train_batch_size",
+                  StrCat(*train, " is not divisible by gradient_accumulation_steps (",
+                         *accumulation, ") x world size (", ws, ") = ", per_micro));
+    if (*train % per_micro == 0) micro = *train / per_micro;
+  } else if (micro && accumulation) {
+    train = *micro * *accumulation * ws;
+  } else if (train) {
+    accumulation = 1;
+    check.Require(*train % ws == 0, "train_batch_size",
+                  StrCat(*train, " is not divisible by world size (", ws, ")"));
+    if (*train % ws == 0) micro = *train / ws;
+  } else if (micro) {
+    accumulation = 1;
+    train = *micro * ws;
+  } else if (!accumulation) {
+    accumulation = 1;  // The training loop owns the batch; only accumulation matters here.
+  }
+}
+
+void CheckRules(Config& c, int world_size, RuleChecker& check) {
+  check.Require(world_size >= 1, "(world size)", StrCat("must be >= 1, got ", world_size));
+  if (world_size >= 1) ResolveBatchSizes(c, world_size, check);
+  check.NonNegative(c.gradient_clipping, "gradient_clipping");
+
+  const OptimizerParams& p = c.optimizer.params;
+  check.NonNegative(p.lr, "optimizer.params.lr");
+  for (int i = 0; i < 2; ++i) {
+    check.Require(p.betas[i] >= 0 && p.betas[i] < 1, "optimizer.params.betas",
+                  StrCat("beta", i + 1, " must be in [0, 1), got ", p.betas[i]));
+  }
+  check.Positive(p.eps, "optimizer.params.eps");
+  check.NonNegative(p.weight_decay, "optimizer.params.weight_decay");
+  check.Require(!(c.optimizer.type == OptimizerType::kAdamW && !p.adam_w_mode),
+                "optimizer.params.adam_w_mode",
+                "false contradicts type AdamW (decoupled weight decay); use type Adam");
+
+  check.Require(!(c.fp16.enabled && c.bf16.enabled), "fp16.enabled",
+                "fp16 and bf16 cannot both be enabled");
+  check.NonNegative(c.fp16.loss_scale, "fp16.loss_scale");
+  check.Require(c.fp16.initial_scale_power >= 0 && c.fp16.initial_scale_power <= 63,
+                "fp16.initial_scale_power",
+                StrCat("must be in [0, 63], got ", c.fp16.initial_scale_power));
+  check.Positive(c.fp16.loss_scale_window, "fp16.loss_scale_window");
+  check.Positive(c.fp16.hysteresis, "fp16.hysteresis");
+  check.Positive(c.fp16.min_loss_scale, "fp16.min_loss_scale");
+
+  const ZeroConfig& z = c.zero_optimization;
+  check.Require(z.stage >= 0 && z.stage <= 3, "zero_optimization.stage",
+                StrCat("must be 0, 1, 2 or 3, got ", z.stage));
+  check.Positive(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size");
+  check.Positive(z.allgather_bucket_size, "zero_optimization.allgather_bucket_size");
+  check.Positive(z.stage3_prefetch_bucket_size, "zero_optimization.stage3_prefetch_bucket_size");
+  check.NonNegative(z.stage3_param_persistence_threshold,
+                    "zero_optimization.stage3_param_persistence_threshold");
+  check.Positive(z.stage3_max_live_parameters, "zero_optimization.stage3_max_live_parameters");
+  check.NonNegative(z.stage3_max_reuse_distance, "zero_optimization.stage3_max_reuse_distance");
+
+  const bool have_stripe = !c.zoffload.nvme_paths.empty();
+  const OffloadOptimizerConfig& oo = z.offload_optimizer;
+  if (oo.device != OffloadDevice::kNone) {
+    check.Require(
+        z.stage >= 1, "zero_optimization.offload_optimizer.device",
+        StrCat("offloading the optimizer needs zero_optimization.stage >= 1, got ", z.stage));
+  }
+  check.Require(!(oo.device == OffloadDevice::kNvme && oo.nvme_path.empty() && !have_stripe),
+                "zero_optimization.offload_optimizer.nvme_path",
+                "device is \"nvme\" but no nvme_path (nor zoffload.nvme_paths) is given");
+  check.Positive(oo.buffer_count, "zero_optimization.offload_optimizer.buffer_count");
+  check.Require(oo.ratio > 0 && oo.ratio <= 1, "zero_optimization.offload_optimizer.ratio",
+                StrCat("must be in (0, 1], got ", oo.ratio));
+  check.Require(oo.ratio == 1.0 || oo.device != OffloadDevice::kNone,
+                "zero_optimization.offload_optimizer.ratio",
+                "a ratio below 1 needs offload_optimizer.device \"cpu\" or \"nvme\"");
+
+  const OffloadParamConfig& op = z.offload_param;
+  if (op.device != OffloadDevice::kNone) {
+    check.Require(z.stage == 3, "zero_optimization.offload_param.device",
+                  StrCat("offloading parameters needs zero_optimization.stage 3, got ", z.stage));
+  }
+  check.Require(!(op.device == OffloadDevice::kNvme && op.nvme_path.empty() && !have_stripe),
+                "zero_optimization.offload_param.nvme_path",
+                "device is \"nvme\" but no nvme_path (nor zoffload.nvme_paths) is given");
+  check.Positive(op.buffer_count, "zero_optimization.offload_param.buffer_count");
+  check.Positive(op.buffer_size, "zero_optimization.offload_param.buffer_size");
+  check.Positive(op.max_in_cpu, "zero_optimization.offload_param.max_in_cpu");
+
+  const AioConfig& aio = c.aio;
+  check.Require(aio.block_size > 0 && aio.block_size % 4096 == 0, "aio.block_size",
+                StrCat("must be a positive multiple of 4096 bytes, got ", aio.block_size));
+  check.Require(aio.queue_depth >= 1 && aio.queue_depth <= 4096, "aio.queue_depth",
+                StrCat("must be in [1, 4096], got ", aio.queue_depth));
+  check.Require(aio.intra_op_parallelism >= 1 && aio.intra_op_parallelism <= 256,
+                "aio.intra_op_parallelism",
+                StrCat("must be in [1, 256], got ", aio.intra_op_parallelism));
+
+  const ZoffloadSection& zs = c.zoffload;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < zs.nvme_paths.size(); ++i) {
+    const std::string path = StrCat("zoffload.nvme_paths[", i, "]");
+    check.Require(!zs.nvme_paths[i].empty(), path, "must not be empty");
+    check.Require(seen.insert(zs.nvme_paths[i]).second, path,
+                  StrCat("\"", zs.nvme_paths[i], "\" is listed twice"));
+  }
+  for (const auto& [value, name] : {std::pair{zs.budgets.gpu_bytes, "gpu_bytes"},
+                                    std::pair{zs.budgets.pinned_host_bytes, "pinned_host_bytes"},
+                                    std::pair{zs.budgets.host_bytes, "host_bytes"}}) {
+    if (value.has_value()) check.Positive(*value, StrCat("zoffload.budgets.", name));
+  }
+}
+
+Status ErrorsToStatus(const std::vector<std::string>& errors, const std::string& source) {
+  if (errors.empty()) return Status::Ok();
+  std::string message =
+      StrCat(errors.size(), errors.size() == 1 ? " error" : " errors", " in ", source, ":");
+  for (const std::string& e : errors) message += StrCat("\n", source, ": ", e);
+  return InvalidArgumentError(std::move(message));
+}
+
+}  // namespace
+
+std::string_view ToString(OffloadDevice device) { return EnumName(device); }
+std::string_view ToString(OptimizerType type) { return EnumName(type); }
+std::string_view ToString(StatePrecision precision) { return EnumName(precision); }
+
+Status ValidateConfig(Config& config, int world_size) {
+  std::vector<std::string> errors;
+  RuleChecker check(&errors);
+  CheckRules(config, world_size, check);
+  return ErrorsToStatus(errors, "config");
+}
+
+Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& options) {
+  std::vector<std::string> errors;
+  Json root;
+  try {
+    DuplicateKeyFinder duplicates(&errors);
+    root = Json::parse(json_text.begin(), json_text.end(), std::ref(duplicates));
+  } catch (const Json::parse_error& e) {
+    std::string what = e.what();
+    // Drop nlohmann's "[json.exception.parse_error.101] " prefix: users need line/column.
+    if (const size_t close = what.find("] "); close != std::string::npos) what.erase(0, close + 2);
+    return InvalidArgumentError(StrCat(options.source, ": invalid JSON: ", what));
+  }
+  Config config;
+  if (!root.is_object()) {
+    errors.push_back(StrCat("(root): expected an object, got ", Describe(root)));
+  } else {
+    Reader::ReadStruct(root, "", config, &errors);
+  }
+  RuleChecker check(&errors);
+  CheckRules(config, options.world_size, check);
+  ZO_RETURN_IF_ERROR(ErrorsToStatus(errors, options.source));
+  return config;
+}
+
+Result<Config> LoadConfigFile(const std::string& path, int world_size) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return StatusFromErrno(errno != 0 ? errno : ENOENT, StrCat("config file ", path));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return StatusFromErrno(errno != 0 ? errno : EIO, StrCat("read config file ", path));
+  return ParseConfig(text.str(), ParseOptions{world_size, path});
+}
+
+std::string SerializeConfig(const Config& config) {
+  Config copy = config;
+  OrderedJson out = OrderedJson::object();
+  Writer writer(&out);
+  VisitStruct(writer, copy);
+  return out.dump(2) + "\n";
+}
+
+std::vector<std::string> AcceptedConfigKeys() {
+  std::vector<std::string> keys;
+  Config config;
+  KeyLister lister("", &keys);
+  VisitStruct(lister, config);
+  return keys;
+}
+
+}  // namespace zoffload

@@ -1,0 +1,29 @@
+// Small string helpers used to build error messages.
+#pragma once
+
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+namespace zoffload {
+
+/// Concatenates the streamed forms of `args`.
+template <typename... Args>
+std::string StrCat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+
+/// "1.50 GiB (1610612736 bytes)": a byte count as a person reads it, exact count kept.
+std::string HumanBytes(uint64_t bytes);
+
+/// Parses "4GiB", "512M", "1k", "4096" (binary multiples: K/M/G/T with optional "i" and "B").
+/// Returns false on anything else or on overflow.
+bool ParseByteSize(std::string_view text, uint64_t* bytes);
+
+/// Levenshtein distance between two short strings (for "did you mean" hints).
+size_t EditDistance(std::string_view a, std::string_view b);
+
+}  // namespace zoffload

@@ -1,0 +1,49 @@
+// Machine topology through hwloc: cores, NUMA nodes, and the NUMA node nearest a PCI device
+// (a GPU) or the block device under a path (an NVMe disk). I/O and Adam threads are pinned
+// with it.
+//
+// Thread-safety: a loaded Topology is read-only and may be queried from any thread;
+// BindThisThreadToNumaNode affects only the calling thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "zoffload/status.h"
+
+namespace zoffload {
+
+class Topology {
+ public:
+  /// Discovers the machine, PCI and block devices included.
+  static Result<Topology> Load();
+
+  Topology(Topology&&) noexcept;
+  Topology& operator=(Topology&&) noexcept;
+  ~Topology();
+
+  int Packages() const;
+  int PhysicalCores() const;
+  int HardwareThreads() const;
+  int NumaNodes() const;
+
+  /// NUMA node (logical index) nearest the PCI device "DDDD:BB:DD.F"; NOT_FOUND with the
+  /// reason when hwloc does not know the device or its locality.
+  Result<int> NumaNodeOfPciDevice(const std::string& bus_id) const;
+
+  /// Name of the whole-disk block device holding `path` ("nvme0n1", "vda"), from sysfs.
+  static Result<std::string> BlockDeviceOfPath(const std::string& path);
+
+  /// NUMA node nearest the block device holding `path`.
+  Result<int> NumaNodeOfPath(const std::string& path) const;
+
+  /// Binds the calling thread to the cores of NUMA node `node`.
+  Status BindThisThreadToNumaNode(int node) const;
+
+ private:
+  struct Impl;
+  explicit Topology(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zoffload

@@ -1,0 +1,99 @@
+// Runs the zoffload-report binary as a user would.
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace zoffload {
+namespace {
+
+struct ReportRun {
+  int exit_code;
+  std::string output;  // stdout and stderr
+};
+
+ReportRun RunReport(const std::string& args) {
+  const std::string command = std::string(ZO_REPORT_BIN) + " " + args + " 2>&1";
+  std::FILE* pipe = ::popen(command.c_str(), "r");  // NOLINT(cert-env33-c): test driver
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(ZoffloadReportTest, JsonReportHasEveryCheckedSection) {
+  testing::TempDir dir;
+  ReportRun r = RunReport("--json --path " + dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto report = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  for (const char* section :
+       {"build", "simd", "openmp", "topology", "io_uring", "memlock", "paths", "cuda"}) {
+    EXPECT_TRUE(report.contains(section)) << section;
+  }
+  EXPECT_FALSE(report["simd"]["compiled_targets"].empty());
+  EXPECT_NE(report["simd"]["dispatch_target"], "none");
+  EXPECT_GE(report["openmp"]["max_threads"].get<int>(), 1);
+  EXPECT_TRUE(report["topology"]["ok"].get<bool>());
+  EXPECT_TRUE(report["io_uring"].contains("usable"));
+  ASSERT_EQ(report["paths"].size(), 1u);
+  EXPECT_EQ(report["paths"][0]["path"], dir.path());
+  EXPECT_TRUE(report["paths"][0].contains("o_direct"));
+  // Without a GPU (CI), the CUDA section says why instead of failing.
+  if (report["cuda"]["gpus"].empty()) {
+    EXPECT_TRUE(report["cuda"].contains("error"));
+  }
+}
+
+TEST(ZoffloadReportTest, TableIsTheDefault) {
+  ReportRun r = RunReport("");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("io_uring.usable"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("simd.dispatch_target"), std::string::npos) << r.output;
+}
+
+TEST(ZoffloadReportTest, ConfigLinter) {
+  testing::TempDir dir;
+  const std::string good = dir.File("good.json"), bad = dir.File("bad.json");
+  std::ofstream(good)
+      << R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})";
+  std::ofstream(bad)
+      << R"({"zero_optimization": {"stage": 5, "offload_optimizer": {"devcie": "cpu"}},
+                           "bf16": {"enabled": true}, "fp16": {"enabled": true}})";
+  ReportRun ok = RunReport("--config " + good);
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("valid"), std::string::npos);
+  ReportRun err = RunReport("--config " + bad);
+  EXPECT_EQ(err.exit_code, 1) << err.output;
+  EXPECT_NE(err.output.find(bad + ": zero_optimization.offload_optimizer.devcie: unknown key; did "
+                                  "you mean 'device'?"),
+            std::string::npos)
+      << err.output;
+  EXPECT_NE(err.output.find(bad + ": zero_optimization.stage: must be 0, 1, 2 or 3, got 5"),
+            std::string::npos)
+      << err.output;
+  EXPECT_NE(err.output.find("fp16 and bf16 cannot both be enabled"), std::string::npos);
+  ReportRun missing = RunReport("--config " + dir.File("none.json"));
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.output.find("none.json"), std::string::npos);
+  ReportRun batch = RunReport("--world-size 3 --config " + good);
+  EXPECT_EQ(batch.exit_code, 0) << batch.output;
+}
+
+TEST(ZoffloadReportTest, BadArgumentsExit2) {
+  EXPECT_EQ(RunReport("--bogus").exit_code, 2);
+  EXPECT_EQ(RunReport("--path").exit_code, 2);
+  EXPECT_EQ(RunReport("--world-size zero --config x").exit_code, 2);
+}
+
+}  // namespace
+}  // namespace zoffload
