@@ -1,6 +1,7 @@
 #include "swap/direct_io.h"
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -44,12 +45,24 @@ TEST(DirectIoTest, MissingDirectory) {
 }
 
 TEST(DirectIoTest, ReadOnlyDirectory) {
-  if (::geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
   testing::TempDir dir;
   ASSERT_EQ(::chmod(dir.path().c_str(), 0555), 0);
-  auto info = ProbeDirectIo(dir.path());
-  ASSERT_FALSE(info.ok());
-  EXPECT_EQ(info.status().code(), StatusCode::kPermissionDenied);
+  // Root ignores directory permissions: probe from a child that drops to an unprivileged user.
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(10);
+    auto info = ProbeDirectIo(dir.path());
+    if (info.ok()) ::_exit(11);
+    if (info.status().code() != StatusCode::kPermissionDenied) ::_exit(12);
+    if (info.status().message().find(dir.path()) == std::string::npos) ::_exit(13);
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10: cannot drop privileges, 11: probe succeeded, "
+                                       "12: wrong code, 13: path not named";
 }
 
 TEST(DirectIoTest, NotADirectory) {
