@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 
+#include <cstring>
 #include <filesystem>
 #include <string>
 
@@ -33,5 +34,24 @@ class TempDir {
  private:
   std::string path_;
 };
+
+}  // namespace zoffload::testing
+
+namespace zoffload::testing {
+
+/// Deterministic pseudo-random bytes (xorshift64*), fast enough for GiB-sized buffers.
+inline void FillRandom(void* data, size_t len, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto* p = static_cast<unsigned char*>(data);
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    const uint64_t v = x * 0x2545F4914F6CDD1Dull;
+    std::memcpy(p + i, &v, 8);
+  }
+  for (; i < len; ++i) p[i] = static_cast<unsigned char>(i * 131 + seed);
+}
 
 }  // namespace zoffload::testing

@@ -1,0 +1,573 @@
+#include "swap/swap_space.h"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/errno_status.h"
+#include "common/log.h"
+#include "common/strings.h"
+#include "common/unique_fd.h"
+
+namespace zoffload {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr const char* kManifestName = "zoffload-swap.json";
+constexpr const char* kFileSuffix = ".zoswap";
+constexpr int kManifestVersion = 1;
+
+enum class TensorState { kEmpty, kClean, kWriting };
+
+const char* StateName(TensorState s) {
+  switch (s) {
+    case TensorState::kEmpty:
+      return "empty";
+    case TensorState::kClean:
+      return "clean";
+    case TensorState::kWriting:
+      return "writing";
+  }
+  return "?";
+}
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// Injective escaping of a key into a file-name stem: [A-Za-z0-9.-] kept, every other byte
+// (including '_') as "_XX". Long keys are cut and suffixed with a 64-bit FNV-1a hash.
+std::string EscapeKey(const std::string& key) {
+  std::string out;
+  for (unsigned char c : key) {
+    if (std::isalnum(c) || c == '.' || c == '-') {
+      out += static_cast<char>(c);
+    } else {
+      char hex[4];
+      std::snprintf(hex, sizeof(hex), "_%02x", c);
+      out += hex;
+    }
+  }
+  if (out.size() > 180) {
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+    char hex[20];
+    std::snprintf(hex, sizeof(hex), "_%016llx", static_cast<unsigned long long>(h));
+    out = out.substr(0, 160) + hex;
+  }
+  return out;
+}
+
+Result<uint64_t> FreeBytes(const std::string& dir) {
+  struct statvfs st {};
+  if (::statvfs(dir.c_str(), &st) != 0) return StatusFromErrno(errno, StrCat("statvfs ", dir));
+  return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+}
+
+Status DiskFull(const std::string& dir, uint64_t needed) {
+  auto free_bytes = FreeBytes(dir);
+  return Status(StatusCode::kResourceExhausted,
+                StrCat("disk full at ", dir, ": needed ", needed, " bytes, ",
+                       free_bytes.ok() ? StrCat(*free_bytes, " free") : "free space unknown"),
+                ENOSPC);
+}
+
+Status WriteAll(int fd, const std::string& data, const std::string& path) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return StatusFromErrno(errno, StrCat("write ", path));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+// Replaces `path` atomically with `data`: temp file, fsync, rename, fsync of the directory.
+Status ReplaceFileAtomically(const std::string& path, const std::string& data) {
+  const std::string tmp = path + ".tmp";
+  {
+    ZO_ASSIGN_OR_RETURN(UniqueFd fd, UniqueFd::Open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644));
+    Status s = WriteAll(fd.get(), data, tmp);
+    if (s.ok() && ::fsync(fd.get()) != 0) s = StatusFromErrno(errno, StrCat("fsync ", tmp));
+    if (s.ok()) s = fd.Close();
+    if (!s.ok()) {
+      ::unlink(tmp.c_str());
+      if (s.sys_errno() == ENOSPC || s.sys_errno() == EDQUOT) {
+        return DiskFull(std::filesystem::path(path).parent_path().string(), data.size());
+      }
+      return s;
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return StatusFromErrno(errno, StrCat("rename ", tmp, " to ", path));
+  }
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  ZO_ASSIGN_OR_RETURN(UniqueFd dfd,
+                      UniqueFd::Open(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY));
+  if (::fsync(dfd.get()) != 0) return StatusFromErrno(errno, StrCat("fsync directory ", dir));
+  return Status::Ok();
+}
+
+// Lets a process keep one descriptor per swap file open: raise the soft limit to the hard one.
+void RaiseOpenFileLimit() {
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+struct TensorEntry {
+  uint64_t bytes = 0;
+  std::string stem;
+  std::vector<int> files;     // engine file id per directory, -1 where the tensor has no blocks
+  std::vector<uint32_t> crc;  // one per block
+  TensorState state = TensorState::kEmpty;
+  bool has_data = false;  // written at least once (clean on disk, or written since)
+  bool written_since_commit = false;
+  std::atomic<bool> write_failed{false};
+};
+
+}  // namespace
+
+struct SwapSpace::Impl {
+  SwapSpaceOptions options;
+  std::unique_ptr<IoEngine> engine;
+  uint64_t block = 0;
+  std::string manifest_path;
+  mutable std::mutex mu;  // tensors, generation, the manifest file
+  std::map<std::string, std::unique_ptr<TensorEntry>> tensors;
+  uint64_t generation = 0;
+
+  size_t dirs() const { return options.paths.size(); }
+  uint64_t Blocks(uint64_t bytes) const { return (bytes + block - 1) / block; }
+  std::string FilePath(const TensorEntry& t, size_t dir) const {
+    return StrCat(options.paths[dir], "/", t.stem, ".s", dir, kFileSuffix);
+  }
+  // Bytes the file of `dir` needs for a tensor of `bytes`, with the tail rounded to `align`.
+  uint64_t FileBytes(uint64_t bytes, size_t dir, uint64_t align) const {
+    const uint64_t nb = Blocks(bytes);
+    if (nb <= dir) return 0;
+    const uint64_t count = (nb - 1 - dir) / dirs() + 1;
+    const uint64_t last = dir + (count - 1) * dirs();
+    const uint64_t last_len = std::min(block, bytes - last * block);
+    return (count - 1) * block + RoundUp(last_len, align);
+  }
+
+  Status PersistManifest();  // mu held
+  Status OpenFiles(TensorEntry& t, bool create);
+  void CloseFiles(TensorEntry& t, bool unlink_files);
+  Result<std::vector<IoSegment>> Segments(TensorEntry& t, const std::string& key, uint64_t offset,
+                                          uint64_t length, std::byte* data);
+};
+
+Status SwapSpace::Impl::PersistManifest() {
+  Json tensors_json = Json::object();
+  for (const auto& [key, t] : tensors) {
+    tensors_json[key] = {{"bytes", t->bytes}, {"state", StateName(t->state)}, {"crc32c", t->crc}};
+  }
+  const Json j = {{"format", "zoffload-swap"},
+                  {"version", kManifestVersion},
+                  {"block_size", block},
+                  {"paths", options.paths},
+                  {"checksums", options.checksums},
+                  {"generation", generation},
+                  {"tensors", std::move(tensors_json)}};
+  return ReplaceFileAtomically(manifest_path, j.dump());
+}
+
+Status SwapSpace::Impl::OpenFiles(TensorEntry& t, bool create) {
+  t.files.assign(dirs(), -1);
+  for (size_t d = 0; d < dirs(); ++d) {
+    const uint64_t estimate = FileBytes(t.bytes, d, 4096);
+    if (estimate == 0) continue;
+    const std::string path = FilePath(t, d);
+    auto file = engine->OpenFile(path, create ? O_RDWR | O_CREAT | O_TRUNC : O_RDWR);
+    if (!file.ok()) {
+      CloseFiles(t, create);
+      return file.status();
+    }
+    t.files[d] = *file;
+    const uint64_t need = FileBytes(t.bytes, d, std::max<uint64_t>(4096, engine->alignment(*file)));
+    if (create) {
+      if (::fallocate(engine->fd(*file), 0, 0, static_cast<off_t>(need)) != 0) {
+        const int err = errno;
+        if (err == EOPNOTSUPP) {
+          LogOnce(LogLevel::kWarning, StrCat("fallocate:", options.paths[d]),
+                  StrCat("fallocate is not supported at ", options.paths[d],
+                         "; space is not reserved in advance there"));
+          if (::ftruncate(engine->fd(*file), static_cast<off_t>(need)) == 0) continue;
+        }
+        CloseFiles(t, true);
+        if (err == ENOSPC || err == EDQUOT) return DiskFull(options.paths[d], need);
+        return StatusFromErrno(err, StrCat("reserve ", need, " bytes for ", path));
+      }
+    } else {
+      struct stat st {};
+      if (::fstat(engine->fd(*file), &st) != 0)
+        return StatusFromErrno(errno, StrCat("fstat ", path));
+      if (static_cast<uint64_t>(st.st_size) < need) {
+        CloseFiles(t, false);
+        return DataLossError(
+            StrCat(path, " holds ", st.st_size, " bytes; the manifest needs ", need));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+void SwapSpace::Impl::CloseFiles(TensorEntry& t, bool unlink_files) {
+  for (size_t d = 0; d < t.files.size(); ++d) {
+    if (t.files[d] < 0) continue;
+    engine->CloseFile(t.files[d]).IgnoreError();
+    if (unlink_files) ::unlink(FilePath(t, d).c_str());
+    t.files[d] = -1;
+  }
+}
+
+Result<std::vector<IoSegment>> SwapSpace::Impl::Segments(TensorEntry& t, const std::string& key,
+                                                         uint64_t offset, uint64_t length,
+                                                         std::byte* data) {
+  if (offset % block != 0 || offset + length > t.bytes ||
+      (length % block != 0 && offset + length != t.bytes)) {
+    return InvalidArgumentError(StrCat("tensor '", key, "' (", t.bytes, " bytes): range [", offset,
+                                       ", ", offset + length,
+                                       ") must start at a multiple of the block size ", block,
+                                       " and end at a block boundary or the tensor's end"));
+  }
+  std::vector<IoSegment> segments;
+  segments.reserve(Blocks(length));
+  for (uint64_t off = 0; off < length; off += block) {
+    const uint64_t j = (offset + off) / block;
+    const size_t d = j % dirs();
+    IoSegment seg;
+    seg.file = t.files[d];
+    seg.file_offset = (j / dirs()) * block;
+    seg.data = data + off;
+    seg.length = std::min(block, length - off);
+    seg.crc = options.checksums ? &t.crc[j] : nullptr;
+    seg.logical_offset = offset + off;
+    segments.push_back(seg);
+  }
+  return segments;
+}
+
+SwapSpace::SwapSpace(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+SwapSpace::~SwapSpace() {
+  // Finishes every request in flight (their callbacks still see the tensors), then closes
+  // the files, which the engine owns.
+  impl_->engine.reset();
+}
+
+Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
+  if (options.paths.empty()) return InvalidArgumentError("swap space: no directory given");
+  for (const std::string& dir : options.paths) {
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) {
+      return StatusFromErrno(errno, StrCat("swap directory ", dir));
+    }
+    if (!S_ISDIR(st.st_mode))
+      return InvalidArgumentError(StrCat("swap directory ", dir, " is not a directory"));
+    if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+      return StatusFromErrno(errno, StrCat("swap directory ", dir, " is not writable"));
+    }
+  }
+  RaiseOpenFileLimit();
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  impl->block = static_cast<uint64_t>(impl->options.aio.block_size);
+  impl->manifest_path = StrCat(impl->options.paths[0], "/", kManifestName);
+  IoEngineOptions engine_options;
+  engine_options.aio = impl->options.aio;
+  engine_options.backend = impl->options.backend;
+  engine_options.direct_io = impl->options.direct_io;
+  engine_options.wrap_backend = impl->options.wrap_backend;
+  ZO_ASSIGN_OR_RETURN(impl->engine, IoEngine::Create(std::move(engine_options)));
+
+  std::ifstream in(impl->manifest_path);
+  if (!in) {
+    std::lock_guard<std::mutex> lock(impl->mu);
+    ZO_RETURN_IF_ERROR(impl->PersistManifest());  // also proves the directory is writable
+    return std::unique_ptr<SwapSpace>(new SwapSpace(std::move(impl)));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const Json j = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  const std::string& mpath = impl->manifest_path;
+  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "zoffload-swap") {
+    return DataLossError(StrCat(mpath, " is not a readable zoffload swap manifest"));
+  }
+  if (j.value("version", 0) != kManifestVersion) {
+    return InvalidArgumentError(StrCat(mpath, " has manifest version ", j.value("version", 0),
+                                       "; this build reads version ", kManifestVersion));
+  }
+  const auto paths = j.value("paths", std::vector<std::string>{});
+  if (paths != impl->options.paths) {
+    return InvalidArgumentError(StrCat("swap space at ", impl->options.paths[0],
+                                       " was created over ", Json(paths).dump(),
+                                       "; it must be reopened with the same directories"));
+  }
+  if (j.value("block_size", uint64_t{0}) != impl->block) {
+    return InvalidArgumentError(
+        StrCat("swap space at ", impl->options.paths[0], " was created with aio.block_size ",
+               j.value("block_size", uint64_t{0}), "; reopen it with the same block size (got ",
+               impl->block, ")"));
+  }
+  impl->generation = j.value("generation", uint64_t{0});
+  std::vector<std::string> torn;
+  for (const auto& [key, tj] : j["tensors"].items()) {
+    auto t = std::make_unique<TensorEntry>();
+    t->bytes = tj.value("bytes", uint64_t{0});
+    t->stem = EscapeKey(key);
+    t->crc = tj.value("crc32c", std::vector<uint32_t>{});
+    const std::string state = tj.value("state", "");
+    if (state == "writing") {
+      torn.push_back(key);
+    } else if (state == "clean") {
+      t->state = TensorState::kClean;
+      t->has_data = true;
+    } else if (state != "empty") {
+      return DataLossError(StrCat(mpath, ": tensor '", key, "' has unknown state '", state, "'"));
+    }
+    if (t->crc.size() != impl->Blocks(t->bytes)) {
+      return DataLossError(StrCat(mpath, ": tensor '", key, "' lists ", t->crc.size(),
+                                  " checksums for ", impl->Blocks(t->bytes), " blocks"));
+    }
+    impl->tensors.emplace(key, std::move(t));
+  }
+  if (!torn.empty()) {
+    std::string names;
+    for (const std::string& k : torn) names += StrCat(names.empty() ? "" : ", ", "'", k, "'");
+    return DataLossError(StrCat(
+        "swap space at ", impl->options.paths[0], " was interrupted while writing (generation ",
+        impl->generation, "): tensors ", names,
+        " may be torn. It cannot be used as consistent: restore from a checkpoint and "
+        "SwapSpace::Destroy it"));
+  }
+  for (auto& [key, t] : impl->tensors) {
+    ZO_RETURN_IF_ERROR(
+        impl->OpenFiles(*t, /*create=*/false).WithContext(StrCat("tensor '", key, "'")));
+  }
+  return std::unique_ptr<SwapSpace>(new SwapSpace(std::move(impl)));
+}
+
+Status SwapSpace::Destroy(const std::vector<std::string>& paths) {
+  for (size_t i = 0; i < paths.size(); ++i) {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(paths[i], ec)) {
+      const std::string name = entry.path().filename().string();
+      const bool ours =
+          name.ends_with(kFileSuffix) ||
+          (i == 0 && (name == kManifestName || name == StrCat(kManifestName, ".tmp")));
+      if (ours && ::unlink(entry.path().c_str()) != 0 && errno != ENOENT) {
+        return StatusFromErrno(errno, StrCat("remove ", entry.path().string()));
+      }
+    }
+    if (ec) return StatusFromErrno(ec.value(), StrCat("list ", paths[i]));
+  }
+  return Status::Ok();
+}
+
+Status SwapSpace::Allocate(const std::string& key, uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (auto it = impl_->tensors.find(key); it != impl_->tensors.end()) {
+    if (it->second->bytes == bytes) return Status::Ok();
+    return InvalidArgumentError(StrCat("tensor '", key, "' is already allocated with ",
+                                       it->second->bytes, " bytes, not ", bytes));
+  }
+  auto t = std::make_unique<TensorEntry>();
+  t->bytes = bytes;
+  t->stem = EscapeKey(key);
+  for (const auto& [other_key, other] : impl_->tensors) {
+    if (other->stem == t->stem) {
+      return InvalidArgumentError(
+          StrCat("tensor keys '", key, "' and '", other_key, "' map to the same swap file name"));
+    }
+  }
+  // Check every directory before touching any: running out is reported up front.
+  for (size_t d = 0; d < impl_->dirs(); ++d) {
+    const uint64_t need = impl_->FileBytes(bytes, d, 4096);
+    if (need == 0) continue;
+    ZO_ASSIGN_OR_RETURN(const uint64_t free_bytes, FreeBytes(impl_->options.paths[d]));
+    if (need > free_bytes) return DiskFull(impl_->options.paths[d], need);
+  }
+  ZO_RETURN_IF_ERROR(
+      impl_->OpenFiles(*t, /*create=*/true).WithContext(StrCat("tensor '", key, "'")));
+  t->crc.assign(impl_->Blocks(bytes), 0);
+  TensorEntry* raw = t.get();
+  impl_->tensors.emplace(key, std::move(t));
+  Status s = impl_->PersistManifest();
+  if (!s.ok()) {
+    impl_->CloseFiles(*raw, true);
+    impl_->tensors.erase(key);
+  }
+  return s;
+}
+
+Status SwapSpace::Remove(const std::string& key) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->tensors.find(key);
+  if (it == impl_->tensors.end())
+    return NotFoundError(StrCat("no tensor '", key, "' in swap space"));
+  std::unique_ptr<TensorEntry> t = std::move(it->second);
+  impl_->tensors.erase(it);
+  ZO_RETURN_IF_ERROR(impl_->PersistManifest());
+  impl_->CloseFiles(*t, true);
+  return Status::Ok();
+}
+
+bool SwapSpace::Contains(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->tensors.count(key) != 0;
+}
+
+Result<uint64_t> SwapSpace::Size(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->tensors.find(key);
+  if (it == impl_->tensors.end())
+    return NotFoundError(StrCat("no tensor '", key, "' in swap space"));
+  return it->second->bytes;
+}
+
+std::vector<std::string> SwapSpace::Keys() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<std::string> keys;
+  for (const auto& [key, t] : impl_->tensors) keys.push_back(key);
+  return keys;
+}
+
+Status SwapSpace::BeginWrite(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  bool changed = false;
+  for (const std::string& key : keys) {
+    auto it = impl_->tensors.find(key);
+    if (it == impl_->tensors.end())
+      return NotFoundError(StrCat("no tensor '", key, "' in swap space"));
+    if (it->second->state != TensorState::kWriting) {
+      it->second->state = TensorState::kWriting;
+      changed = true;
+    }
+  }
+  return changed ? impl_->PersistManifest() : Status::Ok();
+}
+
+IoFuture SwapSpace::Write(const std::string& key, uint64_t offset,
+                          std::span<const std::byte> data) {
+  TensorEntry* t;
+  std::vector<IoSegment> segments;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->tensors.find(key);
+    if (it == impl_->tensors.end()) {
+      return IoFuture::Done(NotFoundError(StrCat("no tensor '", key, "' in swap space")));
+    }
+    t = it->second.get();
+    auto segs = impl_->Segments(*t, key, offset, data.size(), const_cast<std::byte*>(data.data()));
+    if (!segs.ok()) return IoFuture::Done(segs.status());
+    segments = std::move(segs).value();
+    if (t->state != TensorState::kWriting) {
+      t->state = TensorState::kWriting;  // durably, before the first byte reaches the disk
+      if (Status s = impl_->PersistManifest(); !s.ok()) return IoFuture::Done(s);
+    }
+    t->written_since_commit = true;
+    t->has_data = true;
+  }
+  const bool whole = offset == 0 && data.size() == t->bytes;
+  return impl_->engine->Submit(IoOp::kWrite, std::move(segments), StrCat("tensor '", key, "'"),
+                               [t, whole](const Status& s) {
+                                 if (!s.ok()) {
+                                   t->write_failed = true;
+                                 } else if (whole) {
+                                   t->write_failed = false;
+                                 }
+                               });
+}
+
+IoFuture SwapSpace::Read(const std::string& key, uint64_t offset, std::span<std::byte> out) {
+  std::vector<IoSegment> segments;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->tensors.find(key);
+    if (it == impl_->tensors.end()) {
+      return IoFuture::Done(NotFoundError(StrCat("no tensor '", key, "' in swap space")));
+    }
+    TensorEntry& t = *it->second;
+    if (!t.has_data) {
+      return IoFuture::Done(
+          FailedPreconditionError(StrCat("tensor '", key, "' was allocated but never written")));
+    }
+    if (t.write_failed) {
+      return IoFuture::Done(
+          DataLossError(StrCat("tensor '", key,
+                               "': its last write failed, so its data is not consistent; write it "
+                               "again in full")));
+    }
+    auto segs = impl_->Segments(t, key, offset, out.size(), out.data());
+    if (!segs.ok()) return IoFuture::Done(segs.status());
+    segments = std::move(segs).value();
+  }
+  return impl_->engine->Submit(IoOp::kRead, std::move(segments), StrCat("tensor '", key, "'"));
+}
+
+Status SwapSpace::Commit() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (auto& [key, t] : impl_->tensors) {
+    if (t->state != TensorState::kWriting) continue;
+    if (t->write_failed) {
+      return DataLossError(StrCat("cannot commit: the last write of tensor '", key,
+                                  "' failed; it stays marked as being written"));
+    }
+  }
+  for (auto& [key, t] : impl_->tensors) {
+    if (!t->written_since_commit) continue;
+    for (int file : t->files) {
+      if (file >= 0 && ::fdatasync(impl_->engine->fd(file)) != 0) {
+        return StatusFromErrno(errno, StrCat("fdatasync ", impl_->engine->path(file)));
+      }
+    }
+  }
+  for (auto& [key, t] : impl_->tensors) {
+    if (t->state == TensorState::kWriting) {
+      t->state = t->has_data ? TensorState::kClean : TensorState::kEmpty;
+    }
+    t->written_since_commit = false;
+  }
+  ++impl_->generation;
+  return impl_->PersistManifest();
+}
+
+uint64_t SwapSpace::reserved_bytes() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  uint64_t total = 0;
+  for (const auto& [key, t] : impl_->tensors) {
+    for (size_t d = 0; d < impl_->dirs(); ++d) {
+      if (t->files[d] >= 0) {
+        total += impl_->FileBytes(t->bytes, d,
+                                  std::max<uint64_t>(4096, impl_->engine->alignment(t->files[d])));
+      }
+    }
+  }
+  return total;
+}
+
+IoEngine& SwapSpace::engine() { return *impl_->engine; }
+uint64_t SwapSpace::block_size() const { return impl_->block; }
+
+}  // namespace zoffload

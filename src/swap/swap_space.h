@@ -1,0 +1,101 @@
+// SwapSpace: tensors stored on NVMe, striped over directories, checksummed, crash-evident.
+//
+// 1. Layout. A tensor's bytes are cut into blocks of aio.block_size; block j lives in
+//    directory j mod N (N = number of directories), at offset (j div N) * block_size of the
+//    tensor's file there. File names derive from the tensor key ("<escaped key>.s<i>.swp"),
+//    never from memory addresses, so a restarted process finds them again. Space is reserved
+//    with fallocate when the tensor is allocated; a disk without room is reported before any
+//    byte is written: "disk full at PATH: needed N bytes, M free".
+// 2. Integrity. Each block's CRC32C is computed on write (on the I/O threads) and verified on
+//    read; a mismatch fails the read naming the tensor and the byte offset. Checksums can be
+//    switched off (SwapSpaceOptions::checksums).
+// 3. Manifest. "zoffload-swap.json" in the first directory records the directories, block size,
+//    and per tensor its size, files, block checksums and state. It is replaced atomically
+//    (temp file, fsync, rename, fsync of the directory).
+// 4. Crash evidence. Before the first write to a clean tensor, the manifest durably marks it
+//    "writing"; Commit() flushes the files (fdatasync) and then marks every written tensor
+//    "clean" with its new checksums. Reopening a swap space with a tensor still "writing"
+//    fails with DATA_LOSS naming those tensors: a torn write is never used as consistent.
+// 5. A failed write leaves its tensor unreadable (DATA_LOSS) until it is written again.
+//
+// Thread-safety: all methods may be called from any thread; reads and writes of different
+// tensors (or of disjoint ranges) run concurrently. The caller must not read a range while
+// writing it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "swap/io_engine.h"
+#include "zoffload/config.h"
+#include "zoffload/status.h"
+
+namespace zoffload {
+
+struct SwapSpaceOptions {
+  /// Directories to stripe over (at least one; they must exist and be writable).
+  std::vector<std::string> paths;
+  AioConfig aio;
+  /// CRC32C per block, verified on every read.
+  bool checksums = true;
+  IoBackendKind backend = IoBackendKind::kAuto;
+  bool direct_io = true;  ///< see IoEngineOptions::direct_io
+  /// Test hook at the I/O seam (see IoEngineOptions).
+  std::function<std::unique_ptr<IoBackend>(std::unique_ptr<IoBackend>)> wrap_backend;
+};
+
+class SwapSpace {
+ public:
+  /// Opens the swap space in `options.paths`, or creates an empty one. Fails with DATA_LOSS
+  /// if a previous process was interrupted while writing (the tensors are named), with
+  /// NOT_FOUND / PERMISSION_DENIED for missing or read-only directories, and with
+  /// INVALID_ARGUMENT if the directories or block size differ from those it was made with.
+  static Result<std::unique_ptr<SwapSpace>> Open(SwapSpaceOptions options);
+
+  /// Deletes the manifest and every swap file in `paths` (after a reported torn write).
+  static Status Destroy(const std::vector<std::string>& paths);
+
+  ~SwapSpace();
+  SwapSpace(const SwapSpace&) = delete;
+  SwapSpace& operator=(const SwapSpace&) = delete;
+
+  /// Reserves disk space for `bytes` of tensor `key`. Repeating it with the same size is a
+  /// no-op; another size is an error.
+  Status Allocate(const std::string& key, uint64_t bytes);
+  /// Frees a tensor's space.
+  Status Remove(const std::string& key);
+
+  bool Contains(const std::string& key) const;
+  Result<uint64_t> Size(const std::string& key) const;
+  std::vector<std::string> Keys() const;
+
+  /// Durably marks tensors as being written (one manifest update for all of them). Write()
+  /// does this itself for a tensor not yet marked, at the cost of one manifest update each.
+  Status BeginWrite(const std::vector<std::string>& keys);
+
+  /// Writes `data` at byte `offset` of tensor `key`. `offset` is a multiple of the block size;
+  /// the range ends at a block boundary or at the tensor's end.
+  IoFuture Write(const std::string& key, uint64_t offset, std::span<const std::byte> data);
+  /// Reads into `out` from byte `offset` of tensor `key`; same range rules as Write.
+  IoFuture Read(const std::string& key, uint64_t offset, std::span<std::byte> out);
+
+  /// Makes every completed write durable and marks those tensors clean in the manifest.
+  /// Writes still in flight must be waited for first.
+  Status Commit();
+
+  /// Total bytes reserved on disk (all files).
+  uint64_t reserved_bytes() const;
+  IoEngine& engine();
+  uint64_t block_size() const;
+
+ private:
+  struct Impl;
+  explicit SwapSpace(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zoffload

@@ -1,0 +1,361 @@
+#include "swap/swap_space.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/aligned_buffer.h"
+#include "swap/crc32c.h"
+#include "swap/fault_backend.h"
+#include "test_util.h"
+
+namespace zoffload {
+namespace {
+
+using testing::FaultPlan;
+using testing::FaultRule;
+using testing::FillRandom;
+using testing::InjectFaults;
+using testing::TempDir;
+
+constexpr int64_t kBlock = 64 << 10;
+
+SwapSpaceOptions Options(std::vector<std::string> paths, int64_t block = kBlock) {
+  SwapSpaceOptions o;
+  o.paths = std::move(paths);
+  o.aio.block_size = block;
+  o.aio.queue_depth = 8;
+  o.aio.intra_op_parallelism = 2;
+  return o;
+}
+
+std::vector<std::byte> RandomBytes(size_t n, uint64_t seed) {
+  std::vector<std::byte> v(n);
+  FillRandom(v.data(), n, seed);
+  return v;
+}
+
+// Reads a whole tensor into a poisoned buffer.
+Result<std::vector<std::byte>> ReadAll(SwapSpace& swap, const std::string& key) {
+  ZO_ASSIGN_OR_RETURN(const uint64_t size, swap.Size(key));
+  std::vector<std::byte> out(size, std::byte{0xEE});
+  ZO_RETURN_IF_ERROR(swap.Read(key, 0, out).Wait());
+  return out;
+}
+
+Status WriteAll(SwapSpace& swap, const std::string& key, const std::vector<std::byte>& data) {
+  ZO_RETURN_IF_ERROR(swap.Allocate(key, data.size()));
+  return swap.Write(key, 0, data).Wait();
+}
+
+void RoundTripAwkwardSizes(const std::vector<std::string>& paths) {
+  auto swap = SwapSpace::Open(Options(paths));
+  ASSERT_TRUE(swap.ok()) << swap.status();
+  uint64_t seed = 100;
+  for (uint64_t size : {uint64_t{1}, uint64_t{kBlock - 1}, uint64_t{kBlock}, uint64_t{kBlock + 1},
+                        uint64_t{3 * kBlock + 4097}}) {
+    const std::string key = std::to_string(size);
+    const auto data = RandomBytes(size, seed++);
+    ASSERT_TRUE(WriteAll(**swap, key, data).ok());
+    auto back = ReadAll(**swap, key);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, data) << key;
+  }
+  ASSERT_TRUE((*swap)->Commit().ok());
+  for (const std::string& key : (*swap)->Keys()) ASSERT_TRUE((*swap)->Remove(key).ok());
+}
+
+TEST(SwapSpaceTest, RoundTripsAwkwardSizesOnOnePath) {
+  TempDir a;
+  RoundTripAwkwardSizes({a.path()});
+}
+
+TEST(SwapSpaceTest, RoundTripsAwkwardSizesOverTwoPaths) {
+  TempDir a, b;
+  RoundTripAwkwardSizes({a.path(), b.path()});
+}
+
+TEST(SwapSpaceTest, StripesBlocksOverPathsAndReadsRanges) {
+  TempDir a, b;
+  auto swap = SwapSpace::Open(Options({a.path(), b.path()}));
+  ASSERT_TRUE(swap.ok());
+  const auto data = RandomBytes(5 * kBlock + 10, 9);
+  ASSERT_TRUE(WriteAll(**swap, "layers/0.m", data).ok());
+  // Blocks 0, 2, 4 in the first directory, 1, 3, 5 in the second.
+  size_t files_a = 0, files_b = 0;
+  for (const auto& e : std::filesystem::directory_iterator(a.path())) {
+    files_a += e.path().extension() == ".zoswap";
+  }
+  for (const auto& e : std::filesystem::directory_iterator(b.path())) {
+    files_b += e.path().extension() == ".zoswap";
+  }
+  EXPECT_EQ(files_a, 1u);
+  EXPECT_EQ(files_b, 1u);
+  std::vector<std::byte> mid(2 * kBlock);
+  ASSERT_TRUE((*swap)->Read("layers/0.m", kBlock, mid).Wait().ok());
+  EXPECT_EQ(std::memcmp(mid.data(), data.data() + kBlock, mid.size()), 0);
+  std::vector<std::byte> tail(kBlock + 10);
+  ASSERT_TRUE((*swap)->Read("layers/0.m", 4 * kBlock, tail).Wait().ok());
+  EXPECT_EQ(std::memcmp(tail.data(), data.data() + 4 * kBlock, tail.size()), 0);
+  // Ranges must start on a block and end on one or at the tensor's end.
+  std::vector<std::byte> odd(100);
+  EXPECT_EQ((*swap)->Read("layers/0.m", 10, odd).Wait().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*swap)->Read("layers/0.m", 0, odd).Wait().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(SwapSpaceTest, SeveralGiBOverTwoPaths) {
+  TempDir a, b;
+  auto swap = SwapSpace::Open(Options({a.path(), b.path()}, 1 << 20));
+  ASSERT_TRUE(swap.ok());
+  const uint64_t size = (uint64_t{2} << 30) + 12345;  // 2 GiB and an odd tail
+  auto buffer = AlignedBuffer::Allocate(size, 4096);
+  ASSERT_TRUE(buffer.ok());
+  FillRandom(buffer->data(), size, 77);
+  const uint32_t expected = Crc32c(buffer->data(), size);
+  ASSERT_TRUE((*swap)->Allocate("big", size).ok());
+  ASSERT_TRUE((*swap)->Write("big", 0, buffer->span()).Wait().ok());
+  ASSERT_TRUE((*swap)->Commit().ok());
+  std::memset(buffer->data(), 0, size);
+  ASSERT_TRUE((*swap)->Read("big", 0, buffer->span()).Wait().ok());
+  EXPECT_EQ(Crc32c(buffer->data(), size), expected);
+}
+
+TEST(SwapSpaceTest, FlippedByteIsDetectedWithKeyAndOffset) {
+  TempDir dir;
+  auto swap = SwapSpace::Open(Options({dir.path()}));
+  ASSERT_TRUE(swap.ok());
+  const auto data = RandomBytes(4 * kBlock, 5);
+  ASSERT_TRUE(WriteAll(**swap, "layer1.v", data).ok());
+  ASSERT_TRUE((*swap)->Commit().ok());
+  std::string file;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    if (e.path().extension() == ".zoswap") file = e.path().string();
+  }
+  ASSERT_FALSE(file.empty());
+  const int fd = ::open(file.c_str(), O_RDWR);
+  unsigned char byte;
+  const off_t where = 2 * kBlock + 777;
+  ASSERT_EQ(::pread(fd, &byte, 1, where), 1);
+  byte ^= 1;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, where), 1);
+  ::fsync(fd);
+  ::close(fd);
+  auto back = ReadAll(**swap, "layer1.v");
+  ASSERT_EQ(back.status().code(), StatusCode::kDataLoss) << back.status();
+  EXPECT_NE(back.status().message().find("tensor 'layer1.v' at byte offset 131072"),
+            std::string::npos)
+      << back.status();
+}
+
+TEST(SwapSpaceTest, ChecksumsCanBeSwitchedOff) {
+  TempDir dir;
+  SwapSpaceOptions o = Options({dir.path()});
+  o.checksums = false;
+  auto swap = SwapSpace::Open(o);
+  ASSERT_TRUE(swap.ok());
+  const auto data = RandomBytes(kBlock + 3, 8);
+  ASSERT_TRUE(WriteAll(**swap, "x", data).ok());
+  EXPECT_EQ(*ReadAll(**swap, "x"), data);
+}
+
+TEST(SwapSpaceTest, ReopensAfterRestart) {
+  TempDir a, b;
+  const auto d1 = RandomBytes(3 * kBlock + 5, 1);
+  const auto d2 = RandomBytes(17, 2);
+  {
+    auto swap = SwapSpace::Open(Options({a.path(), b.path()}));
+    ASSERT_TRUE(swap.ok());
+    ASSERT_TRUE(WriteAll(**swap, "model.layers.0.self_attn.q_proj.weight/m", d1).ok());
+    ASSERT_TRUE(WriteAll(**swap, "a_b", d2).ok());
+    ASSERT_TRUE((*swap)->Allocate("never_written", 100).ok());
+    ASSERT_TRUE((*swap)->Commit().ok());
+  }
+  auto swap = SwapSpace::Open(Options({a.path(), b.path()}));
+  ASSERT_TRUE(swap.ok()) << swap.status();
+  EXPECT_EQ((*swap)->Keys().size(), 3u);
+  EXPECT_EQ(*ReadAll(**swap, "model.layers.0.self_attn.q_proj.weight/m"), d1);
+  EXPECT_EQ(*ReadAll(**swap, "a_b"), d2);
+  EXPECT_EQ(ReadAll(**swap, "never_written").status().code(), StatusCode::kFailedPrecondition);
+  // Reopening with other directories or another block size is refused.
+  swap->reset();
+  EXPECT_EQ(SwapSpace::Open(Options({a.path()})).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(SwapSpace::Open(Options({a.path(), b.path()}, 2 * kBlock)).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST(SwapSpaceTest, CrashMidWriteIsDetectedOnReopen) {
+  TempDir dir;
+  const auto v1 = RandomBytes(8 * kBlock, 1);
+  {
+    auto swap = SwapSpace::Open(Options({dir.path()}));
+    ASSERT_TRUE(swap.ok());
+    ASSERT_TRUE(WriteAll(**swap, "w", v1).ok());
+    ASSERT_TRUE(WriteAll(**swap, "other", v1).ok());
+    ASSERT_TRUE((*swap)->Commit().ok());
+  }
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Every write piece is slowed down, so the child is killed while its write is in flight.
+    SwapSpaceOptions o = Options({dir.path()});
+    o.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
+        std::vector<FaultRule>{{IoOp::kWrite, FaultRule::Action::kDelay, 0, -1, 0, 0, 200}}));
+    auto swap = SwapSpace::Open(o);
+    if (!swap.ok()) ::_exit(2);
+    const auto v2 = RandomBytes(8 * kBlock, 2);
+    IoFuture f = (*swap)->Write("w", 0, v2);
+    const char c = 'x';
+    if (::write(ready[1], &c, 1) != 1) ::_exit(3);
+    ::pause();
+    ::_exit(4);
+  }
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::kill(child, SIGKILL);
+  int status;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  auto swap = SwapSpace::Open(Options({dir.path()}));
+  ASSERT_EQ(swap.status().code(), StatusCode::kDataLoss) << swap.status();
+  EXPECT_NE(swap.status().message().find("interrupted while writing"), std::string::npos);
+  EXPECT_NE(swap.status().message().find("'w'"), std::string::npos);
+  EXPECT_EQ(swap.status().message().find("'other'"), std::string::npos);
+  ASSERT_TRUE(SwapSpace::Destroy({dir.path()}).ok());
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  auto fresh = SwapSpace::Open(Options({dir.path()}));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_TRUE((*fresh)->Keys().empty());
+}
+
+TEST(SwapSpaceTest, FailedWriteLeavesTensorUnreadableAndUncommittable) {
+  TempDir dir;
+  SwapSpaceOptions o = Options({dir.path()});
+  o.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
+      std::vector<FaultRule>{{IoOp::kWrite, FaultRule::Action::kFail, 2, 1, EIO}}));
+  auto swap = SwapSpace::Open(o);
+  ASSERT_TRUE(swap.ok());
+  const auto data = RandomBytes(4 * kBlock, 3);
+  ASSERT_TRUE((*swap)->Allocate("t", data.size()).ok());
+  Status s = (*swap)->Write("t", 0, data).Wait();
+  ASSERT_EQ(s.code(), StatusCode::kIoError) << s;
+  EXPECT_NE(s.message().find("tensor 't'"), std::string::npos);
+  EXPECT_EQ(ReadAll(**swap, "t").status().code(), StatusCode::kDataLoss);
+  EXPECT_EQ((*swap)->Commit().code(), StatusCode::kDataLoss);
+  // Writing it again in full heals it.
+  ASSERT_TRUE((*swap)->Write("t", 0, data).Wait().ok());
+  EXPECT_EQ(*ReadAll(**swap, "t"), data);
+  EXPECT_TRUE((*swap)->Commit().ok());
+}
+
+TEST(SwapSpaceTest, InjectedShortReadsAndEio) {
+  TempDir dir;
+  auto plan = std::make_shared<FaultPlan>(
+      std::vector<FaultRule>{{IoOp::kRead, FaultRule::Action::kTruncate, 0, 4, EIO, 4096},
+                             {IoOp::kRead, FaultRule::Action::kFail, 6, 1, EIO}});
+  SwapSpaceOptions o = Options({dir.path()});
+  o.wrap_backend = InjectFaults(plan);
+  auto swap = SwapSpace::Open(o);
+  ASSERT_TRUE(swap.ok());
+  const auto data = RandomBytes(4 * kBlock, 4);
+  ASSERT_TRUE(WriteAll(**swap, "t", data).ok());
+  EXPECT_EQ(*ReadAll(**swap, "t"), data);  // 4 short reads, resubmitted
+  auto failed = ReadAll(**swap, "t");      // the 7th read piece fails with EIO
+  ASSERT_EQ(failed.status().code(), StatusCode::kIoError);
+  EXPECT_NE(failed.status().message().find("read of tensor 't'"), std::string::npos);
+  EXPECT_EQ(*ReadAll(**swap, "t"), data);  // and the data is still intact
+}
+
+// Runs `body` in a child process and returns its exit code (-1 if it died).
+template <typename F>
+int InChild(F body) {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(body());
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(SwapSpaceTest, OutOfSpaceIsReportedBeforeWritingAndKeepsEarlierData) {
+  TempDir dir;
+  const std::string mnt = dir.File("small");
+  std::filesystem::create_directory(mnt);
+  const bool mounted = ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=8m") == 0;
+  const auto data = RandomBytes(2 << 20, 6);
+  if (mounted) {
+    {
+      auto swap = SwapSpace::Open(Options({mnt}));
+      ASSERT_TRUE(swap.ok()) << swap.status();
+      ASSERT_TRUE(WriteAll(**swap, "kept", data).ok());
+      ASSERT_TRUE((*swap)->Commit().ok());
+      Status s = (*swap)->Allocate("too_big", 16 << 20);
+      EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s;
+      EXPECT_NE(s.message().find("disk full at " + mnt + ": needed 16777216 bytes, "),
+                std::string::npos)
+          << s;
+      EXPECT_FALSE((*swap)->Contains("too_big"));
+      EXPECT_EQ(*ReadAll(**swap, "kept"), data);
+    }
+    auto reopened = SwapSpace::Open(Options({mnt}));
+    ASSERT_TRUE(reopened.ok()) << reopened.status();
+    EXPECT_EQ(*ReadAll(**reopened, "kept"), data);
+    reopened->reset();
+    ::umount(mnt.c_str());
+  } else {
+    // No mount permission: a file-size limit makes fallocate fail the same way.
+    const int code = InChild([&] {
+      ::signal(SIGXFSZ, SIG_IGN);
+      auto swap = SwapSpace::Open(Options({mnt}));
+      if (!swap.ok() || !WriteAll(**swap, "kept", data).ok() || !(*swap)->Commit().ok()) return 2;
+      rlimit lim{4 << 20, 4 << 20};
+      ::setrlimit(RLIMIT_FSIZE, &lim);
+      Status s = (*swap)->Allocate("too_big", 16 << 20);
+      if (s.ok() || s.message().find("16777216") == std::string::npos) return 3;
+      auto back = ReadAll(**swap, "kept");
+      return back.ok() && *back == data ? 0 : 4;
+    });
+    EXPECT_EQ(code, 0);
+  }
+}
+
+TEST(SwapSpaceTest, MissingAndReadOnlyDirectories) {
+  auto missing = SwapSpace::Open(Options({"/nonexistent-zoffload/swap"}));
+  ASSERT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("/nonexistent-zoffload/swap"), std::string::npos);
+  TempDir dir;
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0555), 0);
+  const int code = InChild([&] {
+    if (::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) return 10;
+    auto swap = SwapSpace::Open(Options({dir.path()}));
+    if (swap.ok()) return 11;
+    if (swap.status().code() != StatusCode::kPermissionDenied) return 12;
+    return swap.status().message().find(dir.path()) == std::string::npos ? 13 : 0;
+  });
+  EXPECT_EQ(code, 0);
+}
+
+TEST(SwapSpaceTest, AllocateRules) {
+  TempDir dir;
+  auto swap = SwapSpace::Open(Options({dir.path()}));
+  ASSERT_TRUE(swap.ok());
+  ASSERT_TRUE((*swap)->Allocate("k", 1000).ok());
+  EXPECT_TRUE((*swap)->Allocate("k", 1000).ok());
+  EXPECT_EQ((*swap)->Allocate("k", 2000).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE((*swap)->Allocate("empty", 0).ok());
+  EXPECT_GE((*swap)->reserved_bytes(), 1000u);
+  EXPECT_EQ((*swap)->Remove("nope").code(), StatusCode::kNotFound);
+  EXPECT_EQ((*swap)->Read("nope", 0, {}).Wait().code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace zoffload
