@@ -13,6 +13,8 @@ namespace zoffload {
 
 class AlignedBuffer {
  public:
+  static constexpr size_t kHugePageSize = size_t{2} << 20;
+
   AlignedBuffer() = default;
   ~AlignedBuffer();
   AlignedBuffer(AlignedBuffer&& other) noexcept;
@@ -21,6 +23,8 @@ class AlignedBuffer {
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
 
   /// Allocates `size` bytes aligned to `alignment` (a power of two ≥ sizeof(void*)).
+  /// Buffers of at least kHugePageSize are aligned to it and backed by transparent huge
+  /// pages where the kernel allows.
   /// With `prefault`, every page is touched once now, so that the first timed pass over the
   /// buffer does not pay the kernel's first-touch cost. A zero size gives an empty buffer.
   static Result<AlignedBuffer> Allocate(size_t size, size_t alignment, bool prefault = false);

@@ -1,0 +1,44 @@
+// Shared pieces of zoffload-bench: list arguments, progress output, timing.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zoffload/status.h"
+
+namespace zoffload::bench {
+
+/// "1M,4M" -> {1048576, 4194304}; the error names `flag`.
+Result<std::vector<uint64_t>> ParseSizeList(std::string_view flag, std::string_view text);
+/// "8,32" -> {8, 32}; each value in [min, max].
+Result<std::vector<int>> ParseIntList(std::string_view flag, std::string_view text, int min, int max);
+/// "read,write" -> each item checked against `allowed`.
+Result<std::vector<std::string>> ParseWordList(std::string_view flag, std::string_view text,
+                                               const std::vector<std::string>& allowed);
+
+/// "4 MiB", "512 KiB", "1 GiB" for exact binary multiples; else bytes.
+std::string ShortBytes(uint64_t bytes);
+
+/// A progress bar on a terminal, one line per step otherwise (logs, CI).
+class Progress {
+ public:
+  Progress(std::string title, int total);
+  /// Marks one more step done, with a description of what finished.
+  void Step(const std::string& what);
+  void Done();
+
+ private:
+  std::string title_;
+  int total_;
+  int done_ = 0;
+  bool tty_;
+};
+
+inline double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace zoffload::bench
