@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   const unsigned depth = static_cast<unsigned>(std::strtoul(argv[4], nullptr, 10));
   const bool write = std::strcmp(argv[5], "write") == 0;
   if (size == 0 || block == 0 || block % 4096 != 0 || depth == 0 || size % block != 0) {
-    std::fprintf(stderr, "raw_uring_loop: SIZE must be a multiple of BLOCK_SIZE (a multiple of 4096)\n");
+    std::fprintf(stderr,
+                 "raw_uring_loop: SIZE must be a multiple of BLOCK_SIZE (a multiple of 4096)\n");
     return 2;
   }
   const int fd = ::open(path, (write ? O_WRONLY : O_RDONLY) | O_DIRECT);

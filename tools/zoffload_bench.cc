@@ -57,8 +57,9 @@ void PrintNvmeTable(const std::vector<NvmeRecord>& records) {
                 records[0].registered ? " (registered buffers and files)" : "",
                 records[0].direct ? "O_DIRECT" : "BUFFERED");
     if (!records[0].direct) {
-      std::printf("WARNING: O_DIRECT was refused: these figures include the page cache and are NOT "
-                  "disk speeds\n");
+      std::printf(
+          "WARNING: O_DIRECT was refused: these figures include the page cache and are NOT "
+          "disk speeds\n");
     }
   }
   for (const char* op : {"read", "write"}) {
@@ -129,7 +130,8 @@ int NvmeMain(const std::vector<std::string>& args, bool short_defaults) {
         paths.push_back(*v);
       } else if (a == "--size") {
         if (!ParseByteSize(*v, &o.size) || o.size == 0) {
-          return Fail(InvalidArgumentError(StrCat("--size: '", *v, "' is not a size such as 4GiB")));
+          return Fail(
+              InvalidArgumentError(StrCat("--size: '", *v, "' is not a size such as 4GiB")));
         }
       } else if (a == "--block-size") {
         auto l = ParseSizeList(a, *v);

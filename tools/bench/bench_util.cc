@@ -29,18 +29,21 @@ Result<std::vector<uint64_t>> ParseSizeList(std::string_view flag, std::string_v
   for (std::string_view item : Split(text)) {
     uint64_t v = 0;
     if (!ParseByteSize(item, &v) || v == 0) {
-      return InvalidArgumentError(StrCat(flag, ": '", item, "' is not a size such as 4096, 1M or 4GiB"));
+      return InvalidArgumentError(
+          StrCat(flag, ": '", item, "' is not a size such as 4096, 1M or 4GiB"));
     }
     out.push_back(v);
   }
   return out;
 }
 
-Result<std::vector<int>> ParseIntList(std::string_view flag, std::string_view text, int min, int max) {
+Result<std::vector<int>> ParseIntList(std::string_view flag, std::string_view text, int min,
+                                      int max) {
   std::vector<int> out;
   for (std::string_view item : Split(text)) {
     uint64_t v = 0;
-    if (!ParseByteSize(item, &v) || item.find_first_not_of("0123456789") != std::string_view::npos ||
+    if (!ParseByteSize(item, &v) ||
+        item.find_first_not_of("0123456789") != std::string_view::npos ||
         v < static_cast<uint64_t>(min) || v > static_cast<uint64_t>(max)) {
       return InvalidArgumentError(
           StrCat(flag, ": '", item, "' is not an integer in [", min, ", ", max, "]"));
@@ -82,8 +85,9 @@ void Progress::Step(const std::string& what) {
   if (tty_) {
     constexpr int kWidth = 30;
     const int filled = total_ > 0 ? done_ * kWidth / total_ : kWidth;
-    std::fprintf(stderr, "\r%s [%s%s] %d/%d %-60.60s", title_.c_str(), std::string(filled, '#').c_str(),
-                 std::string(kWidth - filled, ' ').c_str(), done_, total_, what.c_str());
+    std::fprintf(stderr, "\r%s [%s%s] %d/%d %-60.60s", title_.c_str(),
+                 std::string(filled, '#').c_str(), std::string(kWidth - filled, ' ').c_str(), done_,
+                 total_, what.c_str());
   } else {
     std::fprintf(stderr, "%s %d/%d: %s\n", title_.c_str(), done_, total_, what.c_str());
   }

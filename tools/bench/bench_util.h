@@ -14,7 +14,8 @@ namespace zoffload::bench {
 /// "1M,4M" -> {1048576, 4194304}; the error names `flag`.
 Result<std::vector<uint64_t>> ParseSizeList(std::string_view flag, std::string_view text);
 /// "8,32" -> {8, 32}; each value in [min, max].
-Result<std::vector<int>> ParseIntList(std::string_view flag, std::string_view text, int min, int max);
+Result<std::vector<int>> ParseIntList(std::string_view flag, std::string_view text, int min,
+                                      int max);
 /// "read,write" -> each item checked against `allowed`.
 Result<std::vector<std::string>> ParseWordList(std::string_view flag, std::string_view text,
                                                const std::vector<std::string>& allowed);

@@ -71,7 +71,8 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
   const uint64_t max_block = *std::max_element(o.block_sizes.begin(), o.block_sizes.end());
   for (uint64_t bs : o.block_sizes) {
     if (bs % 4096 != 0 || bs > (uint64_t{1} << 30)) {
-      return InvalidArgumentError(StrCat("nvme: --block-size ", bs, " must be a multiple of 4096 up to 1 GiB"));
+      return InvalidArgumentError(
+          StrCat("nvme: --block-size ", bs, " must be a multiple of 4096 up to 1 GiB"));
     }
   }
   // Every pass moves the same bytes: round the size up to whole largest blocks per path.
@@ -83,7 +84,8 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
   for (const std::string& dir : o.paths) {
     struct stat st {};
     if (::stat(dir.c_str(), &st) != 0) return StatusFromErrno(errno, StrCat("nvme: --path ", dir));
-    if (!S_ISDIR(st.st_mode)) return InvalidArgumentError(StrCat("nvme: --path ", dir, " is not a directory"));
+    if (!S_ISDIR(st.st_mode))
+      return InvalidArgumentError(StrCat("nvme: --path ", dir, " is not a directory"));
     struct statvfs vfs {};
     if (::statvfs(dir.c_str(), &vfs) == 0) {
       const uint64_t free_bytes = static_cast<uint64_t>(vfs.f_bavail) * vfs.f_frsize;
@@ -110,7 +112,8 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
   const int max_threads = *std::max_element(o.threads.begin(), o.threads.end());
   const uint64_t buffer_size =
       std::min<uint64_t>(size, max_block * static_cast<uint64_t>(max_qd) * max_threads);
-  ZO_ASSIGN_OR_RETURN(AlignedBuffer buffer, AlignedBuffer::Allocate(buffer_size, 4096, /*prefault=*/true));
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer buffer,
+                      AlignedBuffer::Allocate(buffer_size, 4096, /*prefault=*/true));
   for (uint64_t i = 0; i < buffer_size; i += 8) {
     const uint64_t v = i * 0x9E3779B97F4A7C15ull;
     std::memcpy(buffer.data() + i, &v, std::min<uint64_t>(8, buffer_size - i));
@@ -121,7 +124,8 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
   bool laid_out = !o.file.empty();
   for (const std::string& p : temp.paths) {
     struct stat st {};
-    laid_out = laid_out && ::stat(p.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) >= per_path;
+    laid_out =
+        laid_out && ::stat(p.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) >= per_path;
   }
   if (!laid_out) {
     IoEngineOptions eo;
@@ -137,18 +141,21 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
     }
     std::fprintf(stderr, "nvme: preparing %s in %zu file(s)...\n", HumanBytes(size).c_str(),
                  files.size());
-    ZO_RETURN_IF_ERROR(engine->Submit(IoOp::kWrite,
-                                      Layout(files, size, eo.aio.block_size, buffer.data(), buffer_size),
-                                      "nvme bench layout")
-                           .Wait());
+    ZO_RETURN_IF_ERROR(
+        engine
+            ->Submit(IoOp::kWrite,
+                     Layout(files, size, eo.aio.block_size, buffer.data(), buffer_size),
+                     "nvme bench layout")
+            .Wait());
     for (int f : files) {
-      if (::fsync(engine->fd(f)) != 0) return StatusFromErrno(errno, StrCat("fsync ", engine->path(f)));
+      if (::fsync(engine->fd(f)) != 0)
+        return StatusFromErrno(errno, StrCat("fsync ", engine->path(f)));
     }
   }
 
   std::vector<NvmeRecord> records;
-  const int total = static_cast<int>(o.block_sizes.size() * o.queue_depths.size() * o.threads.size() *
-                                     o.ops.size());
+  const int total = static_cast<int>(o.block_sizes.size() * o.queue_depths.size() *
+                                     o.threads.size() * o.ops.size());
   Progress progress("nvme", total);
   for (uint64_t bs : o.block_sizes) {
     for (int qd : o.queue_depths) {
@@ -187,8 +194,8 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
           r.backend = std::string(engine->backend_name());
           r.registered = engine->registration();
           records.push_back(r);
-          progress.Step(StrCat(op, " bs=", ShortBytes(bs), " qd=", qd, " threads=", t, ": ",
-                               r.gbps, " GB/s"));
+          progress.Step(StrCat(op, " bs=", ShortBytes(bs), " qd=", qd, " threads=", t, ": ", r.gbps,
+                               " GB/s"));
         }
       }
     }
@@ -208,7 +215,8 @@ AioConfig RecommendAio(const std::vector<NvmeRecord>& records) {
   Key best_key{1 << 20, 8, 1};
   for (const auto& [key, s] : speeds) {
     const auto [read, write] = s;
-    const double score = read > 0 && write > 0 ? 2 * read * write / (read + write) : std::max(read, write);
+    const double score =
+        read > 0 && write > 0 ? 2 * read * write / (read + write) : std::max(read, write);
     if (score > best) {
       best = score;
       best_key = key;

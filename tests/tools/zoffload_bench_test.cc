@@ -1,0 +1,93 @@
+// Runs the zoffload-bench binary as a user would, on small files.
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "zoffload/config.h"
+
+namespace zoffload {
+namespace {
+
+struct BenchRun {
+  int exit_code;
+  std::string output;
+};
+
+BenchRun RunBench(const std::string& args) {
+  const std::string command = std::string(ZO_BENCH_BIN) + " " + args + " 2>&1";
+  std::FILE* pipe = ::popen(command.c_str(), "r");  // NOLINT(cert-env33-c): test driver
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(ZoffloadBenchTest, NvmeSweepWritesRecordsAndAParsableAioBlock) {
+  testing::TempDir dir, out;
+  const std::string json = out.File("records.json"), aio = out.File("aio.json");
+  BenchRun r = RunBench("nvme --path " + dir.path() +
+                        " --size 8MiB --block-size 256K,1M --queue-depth 2,4 --threads 1,2"
+                        " --op write,read --json " +
+                        json + " --write-aio-config " + aio);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("best read"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("best write"), std::string::npos) << r.output;
+  std::ifstream in(json);
+  const auto records = nlohmann::json::parse(in);
+  ASSERT_EQ(records.size(), 16u);  // 2 block sizes x 2 depths x 2 thread counts x 2 ops
+  for (const auto& rec : records) {
+    for (const char* key : {"op", "block_size", "queue_depth", "threads", "bytes", "seconds",
+                            "GBps", "direct", "backend"}) {
+      EXPECT_TRUE(rec.contains(key)) << key;
+    }
+    EXPECT_EQ(rec["bytes"], 8u << 20);
+    EXPECT_GT(rec["GBps"].get<double>(), 0.0);
+  }
+  auto config = LoadConfigFile(aio);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->aio.block_size == 256 << 10 || config->aio.block_size == 1 << 20);
+  EXPECT_TRUE(config->aio.queue_depth == 2 || config->aio.queue_depth == 4);
+  // The temporary file is gone.
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+TEST(ZoffloadBenchTest, NvmeTakesSettingsFromAConfig) {
+  testing::TempDir dir, out;
+  const std::string config = out.File("ds.json"), json = out.File("r.json");
+  std::ofstream(config) << R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+      {"device": "nvme", "nvme_path": ")"
+                        << dir.path() << R"("}},
+      "aio": {"block_size": 524288, "queue_depth": 3, "thread_count": 2}})";
+  BenchRun r = RunBench("nvme --size 4MiB --config " + config + " --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(json);
+  const auto records = nlohmann::json::parse(in);
+  ASSERT_EQ(records.size(), 2u);
+  EXPECT_EQ(records[0]["block_size"], 524288);
+  EXPECT_EQ(records[0]["queue_depth"], 3);
+  EXPECT_EQ(records[0]["threads"], 2);
+}
+
+TEST(ZoffloadBenchTest, ClearErrors) {
+  BenchRun missing = RunBench("nvme --path /nonexistent-zoffload --size 1MiB");
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.output.find("/nonexistent-zoffload"), std::string::npos) << missing.output;
+  EXPECT_EQ(RunBench("nvme --block-size 1000").exit_code, 2);
+  EXPECT_EQ(RunBench("nvme --queue-depth 0").exit_code, 2);
+  EXPECT_EQ(RunBench("nvme --op erase").exit_code, 2);
+  EXPECT_EQ(RunBench("nvme --bogus").exit_code, 2);
+  EXPECT_EQ(RunBench("warp").exit_code, 2);
+  EXPECT_EQ(RunBench("--help").exit_code, 0);
+}
+
+}  // namespace
+}  // namespace zoffload
