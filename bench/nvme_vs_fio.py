@@ -6,7 +6,8 @@ For each block size: ROUNDS alternating rounds of
   fio (ioengine=io_uring, direct=1, numjobs=1; plain and with fixedbufs+registerfiles) if installed,
   raw_uring_loop (bench/raw_uring_loop.cc: the smallest io_uring loop),
 all on one file of SIZE bytes, same block size and queue depth, one thread. Prints the median
-GB/s of each and zoffload's ratio to the best anchor; --json writes every measurement.
+GB/s of each and zoffload's ratio to the best anchor (the median of the per-round ratios, which
+cancels the disk's drift between rounds); --json writes every measurement.
 
 usage: bench/nvme_vs_fio.py [--dir DIR] [--size 4GiB] [--block-sizes 1M,4M] [--queue-depth 32]
                             [--rounds 3] [--build build/default] [--json FILE]
@@ -110,14 +111,18 @@ def main():
                 med = {tool: statistics.median(v) for (tool, o), v in samples.items() if o == op}
                 anchors = {t: v for t, v in med.items() if t != "zoffload"}
                 best_tool = max(anchors, key=anchors.get)
-                rows.append((op, bs_text, med["zoffload"], best_tool, anchors[best_tool],
-                             med["zoffload"] / anchors[best_tool], med))
+                # The ratio is the median of per-round ratios: runs of one round are adjacent in
+                # time, so the disk's drift (host caches, other tenants) cancels out.
+                paired = statistics.median(
+                    z / a for z, a in zip(samples[("zoffload", op)], samples[(best_tool, op)]))
+                rows.append((op, bs_text, med["zoffload"], best_tool, anchors[best_tool], paired, med))
     finally:
         if os.path.exists(path):
             os.unlink(path)
     print(f"\nsize {args.size} bytes, queue depth {args.queue_depth}, 1 thread, O_DIRECT, "
           f"median of {args.rounds} alternating rounds (GB/s = 1e9 B/s)")
-    print(f"{'op':6} {'block':>6} {'zoffload':>9} {'best anchor':>24} {'ratio':>7}   all anchors")
+    print(f"{'op':6} {'block':>6} {'zoffload':>9} {'best anchor':>24} {'ratio':>7}   all anchors"
+          "   (ratio: median of per-round zoffload/anchor)")
     for op, bs, z, tool, anchor, ratio, med in rows:
         others = ", ".join(f"{t} {v:.3f}" for t, v in med.items() if t != "zoffload")
         print(f"{op:6} {bs:>6} {z:9.3f} {tool:>17} {anchor:6.3f} {ratio:7.3f}   {others}")
