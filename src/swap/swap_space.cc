@@ -21,6 +21,7 @@
 #include "common/errno_status.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "common/topology.h"
 #include "common/unique_fd.h"
 
 namespace zoffload {
@@ -299,6 +300,13 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
   engine_options.backend = impl->options.backend;
   engine_options.direct_io = impl->options.direct_io;
   engine_options.wrap_backend = impl->options.wrap_backend;
+  // I/O threads run near the disk when the machine has several NUMA nodes and hwloc knows
+  // where the first directory's device is attached.
+  if (auto topology = Topology::Load(); topology.ok() && topology->NumaNodes() > 1) {
+    if (auto node = topology->NumaNodeOfPath(impl->options.paths[0]); node.ok()) {
+      engine_options.numa_node = *node;
+    }
+  }
   ZO_ASSIGN_OR_RETURN(impl->engine, IoEngine::Create(std::move(engine_options)));
 
   std::ifstream in(impl->manifest_path);

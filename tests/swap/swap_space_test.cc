@@ -29,8 +29,17 @@ using testing::TempDir;
 
 constexpr int64_t kBlock = 64 << 10;
 
+// The backend under test: every SwapSpace test runs once per backend (set by the fixture).
+IoBackendKind g_backend = IoBackendKind::kUring;
+
+class SwapSpaceTest : public ::testing::TestWithParam<IoBackendKind> {
+ protected:
+  void SetUp() override { g_backend = GetParam(); }
+};
+
 SwapSpaceOptions Options(std::vector<std::string> paths, int64_t block = kBlock) {
   SwapSpaceOptions o;
+  o.backend = g_backend;
   o.paths = std::move(paths);
   o.aio.block_size = block;
   o.aio.queue_depth = 8;
@@ -74,17 +83,17 @@ void RoundTripAwkwardSizes(const std::vector<std::string>& paths) {
   for (const std::string& key : (*swap)->Keys()) ASSERT_TRUE((*swap)->Remove(key).ok());
 }
 
-TEST(SwapSpaceTest, RoundTripsAwkwardSizesOnOnePath) {
+TEST_P(SwapSpaceTest, RoundTripsAwkwardSizesOnOnePath) {
   TempDir a;
   RoundTripAwkwardSizes({a.path()});
 }
 
-TEST(SwapSpaceTest, RoundTripsAwkwardSizesOverTwoPaths) {
+TEST_P(SwapSpaceTest, RoundTripsAwkwardSizesOverTwoPaths) {
   TempDir a, b;
   RoundTripAwkwardSizes({a.path(), b.path()});
 }
 
-TEST(SwapSpaceTest, StripesBlocksOverPathsAndReadsRanges) {
+TEST_P(SwapSpaceTest, StripesBlocksOverPathsAndReadsRanges) {
   TempDir a, b;
   auto swap = SwapSpace::Open(Options({a.path(), b.path()}));
   ASSERT_TRUE(swap.ok());
@@ -112,7 +121,7 @@ TEST(SwapSpaceTest, StripesBlocksOverPathsAndReadsRanges) {
   EXPECT_EQ((*swap)->Read("layers/0.m", 0, odd).Wait().code(), StatusCode::kInvalidArgument);
 }
 
-TEST(SwapSpaceTest, SeveralGiBOverTwoPaths) {
+TEST_P(SwapSpaceTest, SeveralGiBOverTwoPaths) {
   TempDir a, b;
   auto swap = SwapSpace::Open(Options({a.path(), b.path()}, 1 << 20));
   ASSERT_TRUE(swap.ok());
@@ -129,7 +138,7 @@ TEST(SwapSpaceTest, SeveralGiBOverTwoPaths) {
   EXPECT_EQ(Crc32c(buffer->data(), size), expected);
 }
 
-TEST(SwapSpaceTest, FlippedByteIsDetectedWithKeyAndOffset) {
+TEST_P(SwapSpaceTest, FlippedByteIsDetectedWithKeyAndOffset) {
   TempDir dir;
   auto swap = SwapSpace::Open(Options({dir.path()}));
   ASSERT_TRUE(swap.ok());
@@ -156,7 +165,7 @@ TEST(SwapSpaceTest, FlippedByteIsDetectedWithKeyAndOffset) {
       << back.status();
 }
 
-TEST(SwapSpaceTest, ChecksumsCanBeSwitchedOff) {
+TEST_P(SwapSpaceTest, ChecksumsCanBeSwitchedOff) {
   TempDir dir;
   SwapSpaceOptions o = Options({dir.path()});
   o.checksums = false;
@@ -167,7 +176,7 @@ TEST(SwapSpaceTest, ChecksumsCanBeSwitchedOff) {
   EXPECT_EQ(*ReadAll(**swap, "x"), data);
 }
 
-TEST(SwapSpaceTest, ReopensAfterRestart) {
+TEST_P(SwapSpaceTest, ReopensAfterRestart) {
   TempDir a, b;
   const auto d1 = RandomBytes(3 * kBlock + 5, 1);
   const auto d2 = RandomBytes(17, 2);
@@ -192,7 +201,7 @@ TEST(SwapSpaceTest, ReopensAfterRestart) {
             StatusCode::kInvalidArgument);
 }
 
-TEST(SwapSpaceTest, CrashMidWriteIsDetectedOnReopen) {
+TEST_P(SwapSpaceTest, CrashMidWriteIsDetectedOnReopen) {
   TempDir dir;
   const auto v1 = RandomBytes(8 * kBlock, 1);
   {
@@ -238,7 +247,7 @@ TEST(SwapSpaceTest, CrashMidWriteIsDetectedOnReopen) {
   EXPECT_TRUE((*fresh)->Keys().empty());
 }
 
-TEST(SwapSpaceTest, FailedWriteLeavesTensorUnreadableAndUncommittable) {
+TEST_P(SwapSpaceTest, FailedWriteLeavesTensorUnreadableAndUncommittable) {
   TempDir dir;
   SwapSpaceOptions o = Options({dir.path()});
   o.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
@@ -258,7 +267,7 @@ TEST(SwapSpaceTest, FailedWriteLeavesTensorUnreadableAndUncommittable) {
   EXPECT_TRUE((*swap)->Commit().ok());
 }
 
-TEST(SwapSpaceTest, InjectedShortReadsAndEio) {
+TEST_P(SwapSpaceTest, InjectedShortReadsAndEio) {
   TempDir dir;
   auto plan = std::make_shared<FaultPlan>(
       std::vector<FaultRule>{{IoOp::kRead, FaultRule::Action::kTruncate, 0, 4, EIO, 4096},
@@ -286,7 +295,7 @@ int InChild(F body) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-TEST(SwapSpaceTest, OutOfSpaceIsReportedBeforeWritingAndKeepsEarlierData) {
+TEST_P(SwapSpaceTest, OutOfSpaceIsReportedBeforeWritingAndKeepsEarlierData) {
   TempDir dir;
   const std::string mnt = dir.File("small");
   std::filesystem::create_directory(mnt);
@@ -328,7 +337,7 @@ TEST(SwapSpaceTest, OutOfSpaceIsReportedBeforeWritingAndKeepsEarlierData) {
   }
 }
 
-TEST(SwapSpaceTest, MissingAndReadOnlyDirectories) {
+TEST_P(SwapSpaceTest, MissingAndReadOnlyDirectories) {
   auto missing = SwapSpace::Open(Options({"/nonexistent-zoffload/swap"}));
   ASSERT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("/nonexistent-zoffload/swap"), std::string::npos);
@@ -344,7 +353,7 @@ TEST(SwapSpaceTest, MissingAndReadOnlyDirectories) {
   EXPECT_EQ(code, 0);
 }
 
-TEST(SwapSpaceTest, AllocateRules) {
+TEST_P(SwapSpaceTest, AllocateRules) {
   TempDir dir;
   auto swap = SwapSpace::Open(Options({dir.path()}));
   ASSERT_TRUE(swap.ok());
@@ -356,6 +365,12 @@ TEST(SwapSpaceTest, AllocateRules) {
   EXPECT_EQ((*swap)->Remove("nope").code(), StatusCode::kNotFound);
   EXPECT_EQ((*swap)->Read("nope", 0, {}).Wait().code(), StatusCode::kNotFound);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, SwapSpaceTest,
+                         ::testing::Values(IoBackendKind::kUring, IoBackendKind::kPosix),
+                         [](const ::testing::TestParamInfo<IoBackendKind>& param_info) {
+                           return param_info.param == IoBackendKind::kUring ? "uring" : "posix";
+                         });
 
 }  // namespace
 }  // namespace zoffload
