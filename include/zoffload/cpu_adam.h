@@ -1,0 +1,103 @@
+// CPU Adam/AdamW on host-resident shards: SIMD (Highway, runtime dispatch) + OpenMP.
+//
+// A shard is fp32 master parameters with their Adam moments in fp32, bf16 (stochastic
+// rounding) or 8-bit block-wise quantized form (docs/cpu_adam.md describes the code), and
+// gradients in fp32, bf16 or fp16. One pass reads the gradients and state, updates them, and
+// can write a bf16/fp16 copy of the new parameters into a caller-given (pinned) buffer.
+//
+// A step: GradientNorm (one fast pass, float64 accumulation, also the inf/NaN check) gives the
+// global norm; on overflow the step is skipped and nothing is written; otherwise the clip
+// coefficient and 1/loss_scale are folded into one gradient scale applied inside the update.
+//
+// Results are identical for any thread count: work is split into fixed tiles and every
+// element's arithmetic (and its stochastic-rounding bits) depends only on its index.
+//
+// Thread-safety: CpuAdam::Step may be called from one thread at a time per CpuAdam; the
+// free functions are reentrant.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "zoffload/config.h"
+#include "zoffload/status.h"
+
+namespace zoffload {
+
+/// Element types of gradients and of the parameter copy.
+enum class DType : uint8_t { kFp32, kBf16, kFp16 };
+/// The optional low-precision copy of the updated parameters.
+enum class ParamCopy : uint8_t { kNone, kBf16, kFp16 };
+
+std::string_view ToString(DType dtype);
+std::string_view ToString(ParamCopy copy);
+
+/// Elements per quantization block of the int8 state (one fp32 scale per block per moment).
+inline constexpr size_t kInt8StateBlock = 256;
+
+/// Bytes of m and v storage (each) for `n` elements at `precision`, scales included.
+size_t AdamMomentBytes(StatePrecision precision, size_t n);
+
+/// One shard's memory; nothing is owned.
+struct AdamShard {
+  float* params = nullptr;  ///< fp32 master parameters, updated in place
+  size_t n = 0;
+  StatePrecision state = StatePrecision::kFp32;
+  /// fp32: float[n]; bf16: uint16_t[n] (bf16 bits); int8: int8_t[n] followed by
+  /// float[ceil(n/256)] scales (use AdamMomentBytes to size it).
+  void* m = nullptr;
+  /// As m; int8: uint8_t[n] (quantized sqrt(v)) followed by float scales.
+  void* v = nullptr;
+  const void* grads = nullptr;
+  DType grad_dtype = DType::kFp32;
+  void* param_copy = nullptr;  ///< bf16 bits or fp16 values, n of them, when copy != kNone
+  ParamCopy copy = ParamCopy::kNone;
+};
+
+/// Hyperparameters of one step (the caller owns the schedule).
+struct AdamHyper {
+  float lr = 1e-3f;
+  float beta1 = 0.9f, beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  bool decoupled_weight_decay = true;  ///< AdamW (true) or L2-coupled Adam (false)
+  int64_t step = 1;                    ///< 1 for the first update (bias correction)
+};
+
+struct GradNorm {
+  double l2 = 0;       ///< sqrt of the sum of squares (of the raw gradients)
+  bool finite = true;  ///< false if any gradient is inf or NaN
+};
+
+/// The global L2 norm over shards' gradients, float64 accumulation, and inf/NaN check.
+GradNorm GradientNorm(std::span<const AdamShard> shards, int threads = 0);
+
+/// The update pass alone: gradients are multiplied by `grad_scale` (1/loss_scale times the
+/// clip coefficient). Grads must be finite (GradientNorm checks). `threads` 0 = CpuAdam default.
+Status AdamUpdate(const AdamShard& shard, const AdamHyper& hyper, float grad_scale, int threads = 0);
+
+/// A pass moving the same bytes as AdamUpdate on the same shard, with trivial arithmetic: the
+/// memory-bandwidth ceiling the benchmark compares the update with. It writes the shard.
+void AdamBandwidthCeiling(const AdamShard& shard, int threads = 0);
+
+/// The SIMD target the kernels dispatch to on this CPU ("AVX3_DL", "AVX2", ...).
+std::string CpuAdamTarget();
+
+/// Physical cores (hwloc), the default thread count.
+int DefaultAdamThreads();
+
+struct AdamStepResult {
+  bool skipped = false;  ///< overflow: nothing was written
+  double grad_norm = 0;  ///< of the unscaled gradients (raw norm / loss_scale)
+  float clip_coef = 1;   ///< applied to the unscaled gradients
+};
+
+/// A whole optimizer step over shards: norm pass, overflow skip, clipping, update.
+/// `loss_scale` is the fp16 loss scale (1 without one); `max_grad_norm` 0 disables clipping.
+Result<AdamStepResult> AdamStep(std::span<const AdamShard> shards, const AdamHyper& hyper,
+                                float loss_scale = 1.0f, float max_grad_norm = 0.0f,
+                                int threads = 0);
+
+}  // namespace zoffload

@@ -1,0 +1,442 @@
+// Adam kernels for every Highway target compiled in; HWY_DYNAMIC_DISPATCH picks the best
+// the CPU supports. Each kernel is one template over (gradient type, state precision, copy
+// type); a small switch selects the instantiation.
+//
+// 1. Loads and stores go through helpers that convert to and from fp32 lanes: bf16 by bit
+//    shifts (exact on load; round-to-nearest-even or stochastic on store), fp16 by Highway's
+//    promote/demote, int8 state through per-block scales.
+// 2. Stochastic rounding takes its random bits from a hash of (seed, element index), so the
+//    result does not depend on threads or tiling.
+// 3. Tails (fewer elements than a vector, or than an int8 block) are copied into zero-padded
+//    local arrays and run through the same vector code, so every element gets the same
+//    arithmetic wherever it sits.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu_adam/adam_kernels.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "cpu_adam/adam_kernels.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace zoffload::internal {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+using DU32 = hn::RebindToUnsigned<DF>;
+using DI32 = hn::RebindToSigned<DF>;
+using VU32 = hn::Vec<DU32>;
+
+// ---- element conversions ----------------------------------------------------------------
+
+HWY_INLINE VF LoadBf16(DF df, const uint16_t* p) {
+  const hn::Rebind<uint16_t, DF> d16;
+  const DU32 du;
+  return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, p))));
+}
+
+// bf16 bits of v: round to nearest even, or stochastically when `random` is given.
+HWY_INLINE void StoreBf16(DF df, VF v, uint16_t* p, const VU32* random) {
+  const DU32 du;
+  const DI32 di;
+  const hn::Rebind<uint16_t, DF> d16;
+  const VU32 bits = hn::BitCast(du, v);
+  VU32 rounded;
+  if (random != nullptr) {
+    rounded = hn::Add(bits, hn::And(*random, hn::Set(du, 0xFFFFu)));
+  } else {
+    const VU32 lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+    rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb));
+  }
+  // NaN stays NaN (quiet); the shifted value fits 16 bits, so the saturating demote is exact.
+  const auto is_nan = hn::Ne(v, v);
+  const VU32 out = hn::IfThenElse(hn::RebindMask(du, is_nan), hn::Set(du, 0x7FC00000u), rounded);
+  hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(out))), d16, p);
+  (void)df;
+}
+
+HWY_INLINE VF LoadF16(DF df, const hwy::float16_t* p) {
+  const hn::Rebind<hwy::float16_t, DF> d16;
+  return hn::PromoteTo(df, hn::LoadU(d16, p));
+}
+
+// fp16 with round-to-nearest-even on every target (Highway's emulated demote truncates):
+// normal results by integer rounding of the fp32 bits, subnormal ones by letting an fp32
+// add round at 2^-24, overflow to inf, NaN kept.
+HWY_INLINE void StoreF16(DF df, VF v, hwy::float16_t* p) {
+  const DU32 du;
+  const DI32 di;
+  const hn::Rebind<uint16_t, DF> d16;
+  const VU32 bits = hn::BitCast(du, v);
+  const VU32 sign = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 0x8000u));
+  const VU32 mag = hn::And(bits, hn::Set(du, 0x7FFFFFFFu));
+  const VU32 lsb = hn::And(hn::ShiftRight<13>(mag), hn::Set(du, 1u));
+  const VU32 normal = hn::Sub(hn::ShiftRight<13>(hn::Add(mag, hn::Add(hn::Set(du, 0xFFFu), lsb))),
+                              hn::Set(du, (127u - 15u) << 10));
+  const VF half = hn::Set(df, 0.5f);
+  const VU32 subnormal =
+      hn::Sub(hn::BitCast(du, hn::Add(hn::BitCast(df, mag), half)), hn::BitCast(du, half));
+  const auto mag_i = hn::BitCast(di, mag);
+  VU32 out = hn::IfThenElse(hn::RebindMask(du, hn::Gt(hn::Set(di, 0x38800000), mag_i)), subnormal, normal);
+  out = hn::IfThenElse(hn::RebindMask(du, hn::Gt(mag_i, hn::Set(di, 0x477FEFFF))), hn::Set(du, 0x7C00u), out);
+  out = hn::IfThenElse(hn::RebindMask(du, hn::Gt(mag_i, hn::Set(di, 0x7F800000))), hn::Set(du, 0x7E00u), out);
+  out = hn::Or(out, sign);
+  hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, out)), d16, reinterpret_cast<uint16_t*>(p));
+}
+
+template <DType kType>
+HWY_INLINE VF LoadGrad(DF df, const void* g, size_t i) {
+  if constexpr (kType == DType::kFp32) {
+    return hn::LoadU(df, static_cast<const float*>(g) + i);
+  } else if constexpr (kType == DType::kBf16) {
+    return LoadBf16(df, static_cast<const uint16_t*>(g) + i);
+  } else {
+    return LoadF16(df, static_cast<const hwy::float16_t*>(g) + i);
+  }
+}
+
+template <ParamCopy kCopy>
+HWY_INLINE void StoreCopy(DF df, VF p, void* copy, size_t i) {
+  if constexpr (kCopy == ParamCopy::kBf16) {
+    StoreBf16(df, p, static_cast<uint16_t*>(copy) + i, nullptr);
+  } else if constexpr (kCopy == ParamCopy::kFp16) {
+    StoreF16(df, p, static_cast<hwy::float16_t*>(copy) + i);
+  }
+}
+
+// 32 random bits per lane from (seed, element index): a murmur3-style finalizer.
+HWY_INLINE VU32 RandomBits(DU32 du, uint32_t seed, size_t index) {
+  VU32 x = hn::Add(hn::Iota(du, static_cast<uint32_t>(index)), hn::Set(du, seed));
+  x = hn::Xor(x, hn::ShiftRight<16>(x));
+  x = hn::Mul(x, hn::Set(du, 0x85EBCA6Bu));
+  x = hn::Xor(x, hn::ShiftRight<13>(x));
+  x = hn::Mul(x, hn::Set(du, 0xC2B2AE35u));
+  return hn::Xor(x, hn::ShiftRight<16>(x));
+}
+
+// Uniform floats in [0, 1) from random bits.
+HWY_INLINE VF Uniform(DF df, VU32 bits) {
+  const DI32 di;
+  return hn::Mul(hn::ConvertTo(df, hn::BitCast(di, hn::ShiftRight<8>(bits))),
+                 hn::Set(df, 1.0f / 16777216.0f));
+}
+
+// ---- the update -------------------------------------------------------------------------
+
+struct Coefs {
+  VF b1, omb1, b2, omb2, step, inv_sqrt_bc2, eps, l2, decay, gs;
+  explicit Coefs(DF df, const AdamKernelArgs& a)
+      : b1(hn::Set(df, a.beta1)),
+        omb1(hn::Set(df, a.one_minus_beta1)),
+        b2(hn::Set(df, a.beta2)),
+        omb2(hn::Set(df, a.one_minus_beta2)),
+        step(hn::Set(df, a.step_size)),
+        inv_sqrt_bc2(hn::Set(df, a.inv_sqrt_bc2)),
+        eps(hn::Set(df, a.eps)),
+        l2(hn::Set(df, a.l2)),
+        decay(hn::Set(df, a.decay)),
+        gs(hn::Set(df, a.grad_scale)) {}
+};
+
+// One vector of the update: new m, v, p; returns sqrt(v) (the int8 path quantizes it).
+HWY_INLINE VF Update(const Coefs& c, VF g, VF& m, VF& v, VF& p) {
+  g = hn::Mul(g, c.gs);
+  g = hn::MulAdd(c.l2, p, g);  // coupled weight decay (l2 = 0 for AdamW)
+  m = hn::MulAdd(m, c.b1, hn::Mul(g, c.omb1));
+  v = hn::MulAdd(v, c.b2, hn::Mul(hn::Mul(g, g), c.omb2));
+  const VF s = hn::Sqrt(v);
+  const VF denom = hn::MulAdd(s, c.inv_sqrt_bc2, c.eps);
+  p = hn::NegMulAdd(c.step, hn::Div(m, denom), hn::Mul(p, c.decay));
+  return s;
+}
+
+// fp32 / bf16 state over [begin, end), end - begin a multiple of the vector length.
+template <DType kG, StatePrecision kS, ParamCopy kC>
+HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, void* m, void* v,
+                            void* copy, size_t begin, size_t end, size_t index_base) {
+  const DF df;
+  const DU32 du;
+  const size_t N = hn::Lanes(df);
+  const Coefs c(df, a);
+  for (size_t i = begin; i < end; i += N) {
+    VF pv = hn::LoadU(df, p + i);
+    VF mv, vv;
+    if constexpr (kS == StatePrecision::kFp32) {
+      mv = hn::LoadU(df, static_cast<float*>(m) + i);
+      vv = hn::LoadU(df, static_cast<float*>(v) + i);
+    } else {
+      mv = LoadBf16(df, static_cast<uint16_t*>(m) + i);
+      vv = LoadBf16(df, static_cast<uint16_t*>(v) + i);
+    }
+    Update(c, LoadGrad<kG>(df, g, i), mv, vv, pv);
+    hn::StoreU(pv, df, p + i);
+    if constexpr (kS == StatePrecision::kFp32) {
+      hn::StoreU(mv, df, static_cast<float*>(m) + i);
+      hn::StoreU(vv, df, static_cast<float*>(v) + i);
+    } else {
+      const VU32 rm = RandomBits(du, a.seed, index_base + i);
+      const VU32 rv = RandomBits(du, a.seed ^ 0x5BD1E995u, index_base + i);
+      StoreBf16(df, mv, static_cast<uint16_t*>(m) + i, &rm);
+      StoreBf16(df, vv, static_cast<uint16_t*>(v) + i, &rv);
+    }
+    StoreCopy<kC>(df, pv, copy, i);
+  }
+}
+
+// int8 state, one block of kInt8StateBlock elements (a tail block is zero-padded by the
+// caller). Companded codes keep small moments representable next to the block's largest:
+//   m: q = round(127 * sign(m) * sqrt(|m| / M)),  M = max |m| in the block;
+//   v: q = round(255 * (v / V)^(1/4)),             V^(1/4) = max v^(1/4) in the block.
+// Rounding is stochastic (unbiased in the code domain); the scales are stored as fp32.
+template <DType kG, ParamCopy kC>
+HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, int8_t* mq,
+                              uint8_t* vq, float* m_scale, float* v_scale, void* copy,
+                              size_t index_base) {
+  const DF df;
+  const DU32 du;
+  const DI32 di;
+  const hn::Rebind<int8_t, DF> d8;
+  const hn::Rebind<uint8_t, DF> du8;
+  const size_t N = hn::Lanes(df);
+  const Coefs c(df, a);
+  HWY_ALIGN float m_new[kInt8StateBlock];
+  HWY_ALIGN float r_new[kInt8StateBlock];  // v^(1/4)
+  const VF m_deq = hn::Set(df, *m_scale);
+  const VF r_deq = hn::Set(df, *v_scale * (1.0f / 255.0f));
+  const VF inv127 = hn::Set(df, 1.0f / 127.0f);
+  VF m_max = hn::Zero(df), r_max = hn::Zero(df);
+  for (size_t i = 0; i < kInt8StateBlock; i += N) {
+    VF pv = hn::LoadU(df, p + i);
+    const VF fm = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, mq + i))), inv127);
+    VF mv = hn::Mul(hn::Mul(fm, hn::Abs(fm)), m_deq);
+    const VF r = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(du8, vq + i))), r_deq);
+    const VF r2 = hn::Mul(r, r);
+    VF vv = hn::Mul(r2, r2);
+    const VF sq = Update(c, LoadGrad<kG>(df, g, i), mv, vv, pv);
+    hn::StoreU(pv, df, p + i);
+    StoreCopy<kC>(df, pv, copy, i);
+    const VF rn = hn::Sqrt(sq);
+    hn::Store(mv, df, m_new + i);
+    hn::Store(rn, df, r_new + i);
+    m_max = hn::Max(m_max, hn::Abs(mv));
+    r_max = hn::Max(r_max, rn);
+  }
+  const float ms = hn::GetLane(hn::MaxOfLanes(df, m_max));
+  const float rs = hn::GetLane(hn::MaxOfLanes(df, r_max));
+  *m_scale = ms;
+  *v_scale = rs;
+  const VF m_q = hn::Set(df, ms > 0 ? 1.0f / ms : 0.0f);
+  const VF r_q = hn::Set(df, rs > 0 ? 255.0f / rs : 0.0f);
+  const VF k127 = hn::Set(df, 127.0f);
+  for (size_t i = 0; i < kInt8StateBlock; i += N) {
+    const VF um = Uniform(df, RandomBits(du, a.seed, index_base + i));
+    const VF ur = Uniform(df, RandomBits(du, a.seed ^ 0x5BD1E995u, index_base + i));
+    const VF m = hn::Load(df, m_new + i);
+    const VF cm = hn::CopySign(hn::Mul(hn::Sqrt(hn::Mul(hn::Abs(m), m_q)), k127), m);
+    VF qm = hn::Floor(hn::Add(cm, um));
+    VF qr = hn::Floor(hn::MulAdd(hn::Load(df, r_new + i), r_q, ur));
+    qm = hn::Min(hn::Max(qm, hn::Set(df, -127.0f)), k127);
+    qr = hn::Min(hn::Max(qr, hn::Zero(df)), hn::Set(df, 255.0f));
+    hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, qm)), d8, mq + i);
+    hn::StoreU(hn::DemoteTo(du8, hn::ConvertTo(di, qr)), du8, vq + i);
+  }
+}
+
+size_t ElemBytes(DType t) { return t == DType::kFp32 ? 4 : 2; }
+size_t StateBytes(StatePrecision s) { return s == StatePrecision::kFp32 ? 4 : s == StatePrecision::kBf16 ? 2 : 1; }
+size_t CopyBytes(ParamCopy c) { return c == ParamCopy::kNone ? 0 : 2; }
+
+template <typename T>
+T* At(void* base, size_t bytes_per_elem, size_t i) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + bytes_per_elem * i);
+}
+
+template <DType kG, StatePrecision kS, ParamCopy kC>
+void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  const size_t gb = ElemBytes(kG), sb = StateBytes(kS), cb = CopyBytes(kC);
+  void* g = const_cast<void*>(a.g);
+  if constexpr (kS == StatePrecision::kInt8) {
+    for (size_t b = begin; b < end; b += kInt8StateBlock) {
+      const size_t len = std::min(kInt8StateBlock, end - b);
+      float* ms = a.m_scales + b / kInt8StateBlock;
+      float* vs = a.v_scales + b / kInt8StateBlock;
+      auto* mq = static_cast<int8_t*>(a.m) + b;
+      auto* vq = static_cast<uint8_t*>(a.v) + b;
+      if (len == kInt8StateBlock) {
+        AdamInt8Block<kG, kC>(a, a.p + b, At<char>(g, gb, b), mq, vq, ms, vs,
+                              kC == ParamCopy::kNone ? nullptr : At<char>(a.copy, cb, b), b);
+        continue;
+      }
+      // A partial last block: zero-padded copies through the same code.
+      HWY_ALIGN float p[kInt8StateBlock] = {};
+      HWY_ALIGN float gp[kInt8StateBlock] = {};
+      HWY_ALIGN int8_t mp[kInt8StateBlock] = {};
+      HWY_ALIGN uint8_t vp[kInt8StateBlock] = {};
+      HWY_ALIGN uint16_t cp[kInt8StateBlock] = {};
+      std::memcpy(p, a.p + b, len * 4);
+      std::memcpy(gp, At<char>(g, gb, b), len * gb);
+      std::memcpy(mp, mq, len);
+      std::memcpy(vp, vq, len);
+      AdamInt8Block<kG, kC>(a, p, gp, mp, vp, ms, vs, cp, b);
+      std::memcpy(a.p + b, p, len * 4);
+      std::memcpy(mq, mp, len);
+      std::memcpy(vq, vp, len);
+      if constexpr (kC != ParamCopy::kNone) std::memcpy(At<char>(a.copy, cb, b), cp, len * cb);
+    }
+  } else {
+    const size_t body_end = begin + (end - begin) / N * N;
+    AdamVectors<kG, kS, kC>(a, a.p, a.g, a.m, a.v, a.copy, begin, body_end, 0);
+    const size_t len = end - body_end;
+    if (len == 0) return;
+    HWY_ALIGN float p[hn::MaxLanes(DF())] = {};
+    HWY_ALIGN float gp[hn::MaxLanes(DF())] = {};
+    HWY_ALIGN float mp[hn::MaxLanes(DF())] = {};
+    HWY_ALIGN float vp[hn::MaxLanes(DF())] = {};
+    HWY_ALIGN uint16_t cp[hn::MaxLanes(DF())] = {};
+    std::memcpy(p, a.p + body_end, len * 4);
+    std::memcpy(gp, At<char>(g, gb, body_end), len * gb);
+    std::memcpy(mp, At<char>(a.m, sb, body_end), len * sb);
+    std::memcpy(vp, At<char>(a.v, sb, body_end), len * sb);
+    AdamVectors<kG, kS, kC>(a, p, gp, mp, vp, cp, 0, N, body_end);
+    std::memcpy(a.p + body_end, p, len * 4);
+    std::memcpy(At<char>(a.m, sb, body_end), mp, len * sb);
+    std::memcpy(At<char>(a.v, sb, body_end), vp, len * sb);
+    if constexpr (kC != ParamCopy::kNone) std::memcpy(At<char>(a.copy, cb, body_end), cp, len * cb);
+  }
+}
+
+template <DType kG, StatePrecision kS>
+void DispatchCopy(const AdamKernelArgs& a, size_t begin, size_t end) {
+  switch (a.copy_type) {
+    case ParamCopy::kNone: return AdamRangeT<kG, kS, ParamCopy::kNone>(a, begin, end);
+    case ParamCopy::kBf16: return AdamRangeT<kG, kS, ParamCopy::kBf16>(a, begin, end);
+    case ParamCopy::kFp16: return AdamRangeT<kG, kS, ParamCopy::kFp16>(a, begin, end);
+  }
+}
+
+template <DType kG>
+void DispatchState(const AdamKernelArgs& a, size_t begin, size_t end) {
+  switch (a.state) {
+    case StatePrecision::kFp32: return DispatchCopy<kG, StatePrecision::kFp32>(a, begin, end);
+    case StatePrecision::kBf16: return DispatchCopy<kG, StatePrecision::kBf16>(a, begin, end);
+    case StatePrecision::kInt8: return DispatchCopy<kG, StatePrecision::kInt8>(a, begin, end);
+  }
+}
+
+void AdamRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
+  switch (a.grad_type) {
+    case DType::kFp32: return DispatchState<DType::kFp32>(a, begin, end);
+    case DType::kBf16: return DispatchState<DType::kBf16>(a, begin, end);
+    case DType::kFp16: return DispatchState<DType::kFp16>(a, begin, end);
+  }
+}
+
+// ---- the bandwidth ceiling --------------------------------------------------------------
+
+// Reads and writes exactly the bytes AdamRange does (grads read; params and state read and
+// written; copy written), with one add per stream instead of Adam's arithmetic.
+void BandwidthRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
+  const DF df;
+  const hn::ScalableTag<uint8_t> d8;
+  const size_t N = hn::Lanes(df);
+  const size_t gb = ElemBytes(a.grad_type);
+  const size_t sb = StateBytes(a.state);
+  const size_t cb = CopyBytes(a.copy_type);
+  // Params and grads as fp32 lanes (grads reinterpreted: only their bytes matter here).
+  const VF one = hn::Set(df, 1.0f);
+  VF gsum = hn::Zero(df);
+  const size_t grad_floats = (end - begin) * gb / 4;
+  const auto* g = reinterpret_cast<const float*>(static_cast<const char*>(a.g) + begin * gb);
+  size_t i = 0;
+  for (; i + N <= grad_floats; i += N) gsum = hn::Add(gsum, hn::LoadU(df, g + i));
+  for (size_t k = begin; k + N <= end; k += N) {
+    hn::StoreU(hn::Add(hn::LoadU(df, a.p + k), gsum), df, a.p + k);
+  }
+  // State (and scales) in bytes: read, add, write.
+  const auto bump = [&](void* base, size_t bytes) {
+    auto* b = static_cast<uint8_t*>(base);
+    const auto inc = hn::Set(d8, uint8_t{1});
+    for (size_t j = 0; j + hn::Lanes(d8) <= bytes; j += hn::Lanes(d8)) {
+      hn::StoreU(hn::Add(hn::LoadU(d8, b + j), inc), d8, b + j);
+    }
+  };
+  bump(static_cast<char*>(a.m) + begin * sb, (end - begin) * sb);
+  bump(static_cast<char*>(a.v) + begin * sb, (end - begin) * sb);
+  if (cb != 0) {
+    auto* c = static_cast<uint8_t*>(a.copy) + begin * cb;
+    const auto zero = hn::Zero(d8);
+    for (size_t j = 0; j + hn::Lanes(d8) <= (end - begin) * cb; j += hn::Lanes(d8)) {
+      hn::StoreU(zero, d8, c + j);
+    }
+  }
+  (void)one;
+}
+
+// ---- gradient norm ----------------------------------------------------------------------
+
+template <DType kG>
+double SumSquaresT(const void* g, size_t begin, size_t end, bool* finite) {
+  const DF df;
+  const size_t N = hn::Lanes(df);
+  double total = 0;
+  auto all_finite = hn::IsFinite(hn::Zero(df));
+  size_t i = begin;
+  constexpr size_t kChunk = 16;  // vectors summed in fp32 before joining the float64 total
+  while (i + N <= end) {
+    VF acc = hn::Zero(df);
+    for (size_t k = 0; k < kChunk && i + N <= end; ++k, i += N) {
+      const VF x = LoadGrad<kG>(df, g, i);
+      all_finite = hn::And(all_finite, hn::IsFinite(x));
+      acc = hn::MulAdd(x, x, acc);
+    }
+    total += static_cast<double>(hn::GetLane(hn::SumOfLanes(df, acc)));
+  }
+  if (!hn::AllTrue(df, all_finite)) *finite = false;
+  for (; i < end; ++i) {  // tail: scalar float64
+    HWY_ALIGN float x[hn::MaxLanes(DF())] = {};
+    std::memcpy(x, static_cast<const char*>(g) + i * ElemBytes(kG), ElemBytes(kG));
+    const float xf = hn::GetLane(LoadGrad<kG>(df, x, 0));
+    if (!std::isfinite(xf)) *finite = false;
+    total += static_cast<double>(xf) * xf;
+  }
+  return total;
+}
+
+double GradSumSquaresImpl(const void* g, DType type, size_t begin, size_t end, bool* finite) {
+  switch (type) {
+    case DType::kFp32: return SumSquaresT<DType::kFp32>(g, begin, end, finite);
+    case DType::kBf16: return SumSquaresT<DType::kBf16>(g, begin, end, finite);
+    case DType::kFp16: return SumSquaresT<DType::kFp16>(g, begin, end, finite);
+  }
+  return 0;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace zoffload::internal
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace zoffload::internal {
+
+HWY_EXPORT(AdamRangeImpl);
+HWY_EXPORT(BandwidthRangeImpl);
+HWY_EXPORT(GradSumSquaresImpl);
+
+void AdamRange(const AdamKernelArgs& args, size_t begin, size_t end) {
+  HWY_DYNAMIC_DISPATCH(AdamRangeImpl)(args, begin, end);
+}
+void BandwidthRange(const AdamKernelArgs& args, size_t begin, size_t end) {
+  HWY_DYNAMIC_DISPATCH(BandwidthRangeImpl)(args, begin, end);
+}
+double GradSumSquares(const void* grads, DType type, size_t begin, size_t end, bool* finite) {
+  return HWY_DYNAMIC_DISPATCH(GradSumSquaresImpl)(grads, type, begin, end, finite);
+}
+
+}  // namespace zoffload::internal
+#endif

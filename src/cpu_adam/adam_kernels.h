@@ -1,0 +1,43 @@
+// The per-range SIMD kernels behind CpuAdam (dispatched with Highway) and their arguments.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "zoffload/cpu_adam.h"
+
+namespace zoffload::internal {
+
+/// Everything a kernel needs; pointers are the shard's (whole arrays, indexed by element).
+struct AdamKernelArgs {
+  float* p;
+  const void* g;
+  void* m;
+  void* v;
+  float* m_scales;  // int8 state: one per kInt8StateBlock elements
+  float* v_scales;
+  void* copy;
+  DType grad_type;
+  StatePrecision state;
+  ParamCopy copy_type;
+  // Per-step coefficients, computed once in float64 and rounded to float.
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float step_size;     // lr / (1 - beta1^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
+  float eps;
+  float l2;     // coupled weight decay (Adam); 0 for AdamW
+  float decay;  // 1 - lr * weight_decay for AdamW; 1 for Adam
+  float grad_scale;
+  uint32_t seed;  // stochastic rounding: derived from the step
+};
+
+/// Updates elements [begin, end). For int8 state, begin is a multiple of kInt8StateBlock.
+void AdamRange(const AdamKernelArgs& args, size_t begin, size_t end);
+/// Moves the same bytes as AdamRange over [begin, end) with trivial arithmetic.
+void BandwidthRange(const AdamKernelArgs& args, size_t begin, size_t end);
+/// Sum of squares of grads [begin, end) (float64 across chunks); sets *finite to false on
+/// inf/NaN.
+double GradSumSquares(const void* grads, DType type, size_t begin, size_t end, bool* finite);
+
+}  // namespace zoffload::internal

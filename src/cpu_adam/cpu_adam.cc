@@ -1,0 +1,179 @@
+#include "zoffload/cpu_adam.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "common/cpu_features.h"
+#include "common/strings.h"
+#include "common/topology.h"
+#include "cpu_adam/adam_kernels.h"
+
+namespace zoffload {
+
+namespace {
+
+// Elements per OpenMP work item: large enough to amortize scheduling, small enough to
+// balance 16+ threads on 10M-element shards. A multiple of kInt8StateBlock and of every
+// vector length, so tiles never split a block or a vector.
+constexpr size_t kTile = 16384;
+
+int Threads(int requested) { return requested > 0 ? requested : DefaultAdamThreads(); }
+
+internal::AdamKernelArgs MakeArgs(const AdamShard& s, const AdamHyper& h, float grad_scale) {
+  internal::AdamKernelArgs a{};
+  a.p = s.params;
+  a.g = s.grads;
+  a.m = s.m;
+  a.v = s.v;
+  if (s.state == StatePrecision::kInt8) {
+    a.m_scales = reinterpret_cast<float*>(static_cast<int8_t*>(s.m) + ((s.n + 3) & ~size_t{3}));
+    a.v_scales = reinterpret_cast<float*>(static_cast<uint8_t*>(s.v) + ((s.n + 3) & ~size_t{3}));
+  }
+  a.copy = s.param_copy;
+  a.grad_type = s.grad_dtype;
+  a.state = s.state;
+  a.copy_type = s.copy;
+  const double t = static_cast<double>(h.step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), t);
+  a.beta1 = h.beta1;
+  a.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  a.beta2 = h.beta2;
+  a.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  a.step_size = static_cast<float>(h.lr / bc1);
+  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  a.eps = h.eps;
+  a.l2 = h.decoupled_weight_decay ? 0.0f : h.weight_decay;
+  a.decay = h.decoupled_weight_decay ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay)
+                                     : 1.0f;
+  a.grad_scale = grad_scale;
+  a.seed = static_cast<uint32_t>(h.step) * 0x9E3779B9u + 0x7F4A7C15u;
+  return a;
+}
+
+Status CheckShard(const AdamShard& s, const AdamHyper& h) {
+  if (s.n == 0) return Status::Ok();
+  if (s.params == nullptr || s.m == nullptr || s.v == nullptr || s.grads == nullptr) {
+    return InvalidArgumentError("AdamUpdate: params, m, v and grads must be set");
+  }
+  if (s.copy != ParamCopy::kNone && s.param_copy == nullptr) {
+    return InvalidArgumentError("AdamUpdate: copy requested but param_copy is null");
+  }
+  if (h.step < 1) return InvalidArgumentError(StrCat("AdamUpdate: step must be >= 1, got ", h.step));
+  if (!(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1 && h.eps > 0)) {
+    return InvalidArgumentError("AdamUpdate: betas must be in [0, 1) and eps > 0");
+  }
+  return Status::Ok();
+}
+
+template <typename F>
+void ForTiles(size_t n, int threads, F&& body) {
+  const auto tiles = static_cast<int64_t>((n + kTile - 1) / kTile);
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const size_t begin = static_cast<size_t>(t) * kTile;
+    body(begin, std::min(n, begin + kTile));
+  }
+}
+
+}  // namespace
+
+std::string_view ToString(DType dtype) {
+  switch (dtype) {
+    case DType::kFp32: return "fp32";
+    case DType::kBf16: return "bf16";
+    case DType::kFp16: return "fp16";
+  }
+  return "?";
+}
+
+std::string_view ToString(ParamCopy copy) {
+  switch (copy) {
+    case ParamCopy::kNone: return "none";
+    case ParamCopy::kBf16: return "bf16";
+    case ParamCopy::kFp16: return "fp16";
+  }
+  return "?";
+}
+
+size_t AdamMomentBytes(StatePrecision precision, size_t n) {
+  switch (precision) {
+    case StatePrecision::kFp32: return 4 * n;
+    case StatePrecision::kBf16: return 2 * n;
+    case StatePrecision::kInt8:
+      return ((n + 3) & ~size_t{3}) + 4 * ((n + kInt8StateBlock - 1) / kInt8StateBlock);
+  }
+  return 0;
+}
+
+int DefaultAdamThreads() {
+  static const int threads = [] {
+    auto topology = Topology::Load();
+    return topology.ok() ? std::max(1, topology->PhysicalCores()) : omp_get_num_procs();
+  }();
+  return threads;
+}
+
+std::string CpuAdamTarget() { return BestSimdTarget(); }
+
+GradNorm GradientNorm(std::span<const AdamShard> shards, int threads) {
+  // Per-tile partial sums, added in tile order: the same result for any thread count.
+  GradNorm out;
+  double total = 0;
+  for (const AdamShard& s : shards) {
+    const size_t tiles = (s.n + kTile - 1) / kTile;
+    std::vector<double> partial(tiles, 0.0);
+    std::vector<char> finite(tiles, 1);
+    ForTiles(s.n, Threads(threads), [&](size_t begin, size_t end) {
+      bool ok = true;
+      partial[begin / kTile] = internal::GradSumSquares(s.grads, s.grad_dtype, begin, end, &ok);
+      finite[begin / kTile] = ok ? 1 : 0;
+    });
+    for (size_t t = 0; t < tiles; ++t) {
+      total += partial[t];
+      out.finite = out.finite && finite[t] != 0;
+    }
+  }
+  out.l2 = std::sqrt(total);
+  if (!std::isfinite(out.l2)) out.finite = false;
+  return out;
+}
+
+Status AdamUpdate(const AdamShard& shard, const AdamHyper& hyper, float grad_scale, int threads) {
+  ZO_RETURN_IF_ERROR(CheckShard(shard, hyper));
+  if (shard.n == 0) return Status::Ok();
+  const internal::AdamKernelArgs args = MakeArgs(shard, hyper, grad_scale);
+  ForTiles(shard.n, Threads(threads),
+           [&](size_t begin, size_t end) { internal::AdamRange(args, begin, end); });
+  return Status::Ok();
+}
+
+void AdamBandwidthCeiling(const AdamShard& shard, int threads) {
+  const internal::AdamKernelArgs args = MakeArgs(shard, AdamHyper{}, 1.0f);
+  ForTiles(shard.n, Threads(threads),
+           [&](size_t begin, size_t end) { internal::BandwidthRange(args, begin, end); });
+}
+
+Result<AdamStepResult> AdamStep(std::span<const AdamShard> shards, const AdamHyper& hyper,
+                                float loss_scale, float max_grad_norm, int threads) {
+  if (!(loss_scale > 0)) return InvalidArgumentError(StrCat("AdamStep: loss_scale must be > 0, got ", loss_scale));
+  for (const AdamShard& s : shards) ZO_RETURN_IF_ERROR(CheckShard(s, hyper));
+  AdamStepResult result;
+  const GradNorm norm = GradientNorm(shards, threads);
+  if (!norm.finite) {
+    result.skipped = true;  // overflow: nothing is written
+    return result;
+  }
+  result.grad_norm = norm.l2 / loss_scale;
+  if (max_grad_norm > 0 && result.grad_norm > max_grad_norm) {
+    result.clip_coef = static_cast<float>(max_grad_norm / (result.grad_norm + 1e-6));
+  }
+  const float grad_scale = static_cast<float>(static_cast<double>(result.clip_coef) / loss_scale);
+  for (const AdamShard& s : shards) ZO_RETURN_IF_ERROR(AdamUpdate(s, hyper, grad_scale, threads));
+  return result;
+}
+
+}  // namespace zoffload

@@ -1,0 +1,345 @@
+#include "zoffload/cpu_adam.h"
+
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/cpu_features.h"
+
+namespace zoffload {
+namespace {
+
+// ---- reference and conversions ----------------------------------------------------------
+
+uint16_t Bf16Bits(float f) {  // round to nearest even
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  b += 0x7FFF + ((b >> 16) & 1);
+  return static_cast<uint16_t>(b >> 16);
+}
+float FromBf16(uint16_t h) {
+  const uint32_t b = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+float FromF16(uint16_t h) {  // IEEE half -> float (normal and subnormal; no inf/NaN in tests)
+  const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
+  double v = exp == 0 ? std::ldexp(mant, -24) : std::ldexp(1024 + mant, static_cast<int>(exp) - 25);
+  return static_cast<float>(sign ? -v : v);
+}
+uint16_t F16Bits(float f) {  // round to nearest (ties away from even are rare; tests use tolerance)
+  for (uint16_t lo = 0, hi = 0x7BFF;;) {  // binary search on magnitude; |f| < 65504
+    const float a = std::fabs(f);
+    while (lo < hi) {
+      const uint16_t mid = static_cast<uint16_t>((lo + hi + 1) / 2);
+      if (FromF16(mid) <= a) lo = mid; else hi = static_cast<uint16_t>(mid - 1);
+    }
+    uint16_t best = lo;
+    if (lo < 0x7BFF && std::fabs(FromF16(lo + 1) - a) < std::fabs(FromF16(lo) - a)) best = lo + 1;
+    return static_cast<uint16_t>(best | (f < 0 ? 0x8000 : 0));
+  }
+}
+
+struct Reference {
+  std::vector<double> p, m, v;
+  void Step(const std::vector<float>& g, const AdamHyper& h, double grad_scale) {
+    const double b1 = h.beta1, b2 = h.beta2, t = static_cast<double>(h.step);
+    const double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
+    for (size_t i = 0; i < p.size(); ++i) {
+      double gi = g[i] * grad_scale;
+      if (!h.decoupled_weight_decay) gi += h.weight_decay * p[i];
+      m[i] = b1 * m[i] + (1 - b1) * gi;
+      v[i] = b2 * v[i] + (1 - b2) * gi * gi;
+      const double denom = std::sqrt(v[i]) / std::sqrt(bc2) + h.eps;
+      if (h.decoupled_weight_decay) p[i] *= 1 - static_cast<double>(h.lr) * h.weight_decay;
+      p[i] -= h.lr / bc1 * m[i] / denom;
+    }
+  }
+};
+
+// A shard with its own storage, at an optional element offset (unaligned pointers).
+struct TestShard {
+  size_t n;
+  StatePrecision state;
+  DType grad_dtype;
+  ParamCopy copy;
+  size_t offset;
+  std::vector<float> params;
+  std::vector<unsigned char> m, v;
+  std::vector<unsigned char> grads;
+  std::vector<uint16_t> copy_out;
+
+  TestShard(size_t n_, StatePrecision s, DType gd, ParamCopy c, size_t off, uint64_t seed)
+      : n(n_), state(s), grad_dtype(gd), copy(c), offset(off) {
+    params.resize(n + offset);
+    m.assign(AdamMomentBytes(s, n) + 4 * offset, 0);
+    v.assign(AdamMomentBytes(s, n) + 4 * offset, 0);
+    grads.resize(4 * (n + offset));
+    copy_out.assign(n + offset, 0xDEAD);  // poison
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (size_t i = 0; i < n; ++i) params[offset + i] = normal(rng);
+  }
+  AdamShard View() {
+    AdamShard s;
+    s.params = params.data() + offset;
+    s.n = n;
+    s.state = state;
+    s.m = m.data() + 4 * offset;
+    s.v = v.data() + 4 * offset;
+    s.grads = grads.data() + 4 * offset;
+    s.grad_dtype = grad_dtype;
+    s.param_copy = copy_out.data() + offset;
+    s.copy = copy;
+    return s;
+  }
+  // Fresh random gradients; returns them as the float values the kernel will see.
+  std::vector<float> NewGrads(std::mt19937_64& rng, float scale = 1.0f) {
+    std::normal_distribution<float> normal(0.0f, scale);
+    std::vector<float> seen(n);
+    unsigned char* g = grads.data() + 4 * offset;
+    for (size_t i = 0; i < n; ++i) {
+      const float x = normal(rng);
+      if (grad_dtype == DType::kFp32) {
+        std::memcpy(g + 4 * i, &x, 4);
+        seen[i] = x;
+      } else if (grad_dtype == DType::kBf16) {
+        const uint16_t b = Bf16Bits(x);
+        std::memcpy(g + 2 * i, &b, 2);
+        seen[i] = FromBf16(b);
+      } else {
+        const uint16_t b = F16Bits(x);
+        std::memcpy(g + 2 * i, &b, 2);
+        seen[i] = FromF16(b);
+      }
+    }
+    return seen;
+  }
+  float MomentM(size_t i) const {
+    const unsigned char* base = m.data() + 4 * offset;
+    if (state == StatePrecision::kFp32) { float f; std::memcpy(&f, base + 4 * i, 4); return f; }
+    uint16_t b; std::memcpy(&b, base + 2 * i, 2); return FromBf16(b);
+  }
+  float MomentV(size_t i) const {
+    const unsigned char* base = v.data() + 4 * offset;
+    if (state == StatePrecision::kFp32) { float f; std::memcpy(&f, base + 4 * i, 4); return f; }
+    uint16_t b; std::memcpy(&b, base + 2 * i, 2); return FromBf16(b);
+  }
+};
+
+AdamHyper Hyper(bool adamw) {
+  AdamHyper h;
+  h.lr = 1e-3f;
+  h.beta1 = 0.9f;
+  h.beta2 = 0.999f;
+  h.eps = 1e-8f;
+  h.weight_decay = 0.01f;
+  h.decoupled_weight_decay = adamw;
+  return h;
+}
+
+// Runs `steps` updates on shard and reference; returns the worst relative error of params,
+// relative to max(|ref|, floor).
+struct Errors { double p = 0, m = 0, v = 0; };
+Errors RunAndCompare(TestShard& shard, bool adamw, int steps, int threads, uint64_t seed,
+                     float grad_scale = 1.0f) {
+  Reference ref;
+  ref.p.assign(shard.params.begin() + shard.offset, shard.params.end());
+  ref.m.assign(shard.n, 0);
+  ref.v.assign(shard.n, 0);
+  std::mt19937_64 rng(seed);
+  AdamHyper h = Hyper(adamw);
+  for (int s = 1; s <= steps; ++s) {
+    h.step = s;
+    const std::vector<float> g = shard.NewGrads(rng);
+    EXPECT_TRUE(AdamUpdate(shard.View(), h, grad_scale, threads).ok());
+    ref.Step(g, h, grad_scale);
+  }
+  Errors e;
+  double m_rms = 0;
+  for (double x : ref.m) m_rms += x * x;
+  m_rms = shard.n ? std::sqrt(m_rms / shard.n) : 1;
+  for (size_t i = 0; i < shard.n; ++i) {
+    e.p = std::max(e.p, std::fabs(shard.params[shard.offset + i] - ref.p[i]) / std::max(std::fabs(ref.p[i]), 1e-2));
+    if (shard.state != StatePrecision::kInt8) {
+      // m is a signed running mean whose value can cancel to near zero while its rounding
+      // error scales with its inputs: measured against max(|m|, RMS of m).
+      e.m = std::max(e.m, std::fabs(shard.MomentM(i) - ref.m[i]) / std::max(std::fabs(ref.m[i]), m_rms));
+      e.v = std::max(e.v, std::fabs(shard.MomentV(i) - ref.v[i]) / ref.v[i]);
+    }
+  }
+  return e;
+}
+
+const size_t kSizes[] = {0, 1, 15, 17, 4099, (size_t{1} << 20) + 3};
+
+// ---- tests ------------------------------------------------------------------------------
+
+class EveryTarget : public ::testing::TestWithParam<int64_t> {
+ protected:
+  void SetUp() override { hwy::SetSupportedTargetsForTest(GetParam()); }
+  void TearDown() override { hwy::SetSupportedTargetsForTest(0); }
+};
+
+TEST_P(EveryTarget, Fp32MatchesFloat64ReferenceAfterTenSteps) {
+  EXPECT_EQ(CpuAdamTarget(), hwy::TargetName(GetParam()));
+  for (bool adamw : {true, false}) {
+    for (size_t n : kSizes) {
+      for (size_t offset : {0, 1}) {
+        TestShard shard(n, StatePrecision::kFp32, DType::kFp32, ParamCopy::kNone, offset, n + offset);
+        const Errors e = RunAndCompare(shard, adamw, 10, 2, 7 + n);
+        EXPECT_LE(e.p, 1e-6) << "n " << n << " offset " << offset << " adamw " << adamw;
+        EXPECT_LE(e.m, 1e-6) << "n " << n;
+        EXPECT_LE(e.v, 1e-6) << "n " << n;
+      }
+    }
+  }
+}
+
+TEST_P(EveryTarget, LowPrecisionGradientsAndParamCopies) {
+  for (DType gd : {DType::kBf16, DType::kFp16}) {
+    for (ParamCopy copy : {ParamCopy::kBf16, ParamCopy::kFp16}) {
+      for (size_t n : {size_t{17}, size_t{70001}}) {
+        TestShard shard(n, StatePrecision::kFp32, gd, copy, 1, 3);
+        const Errors e = RunAndCompare(shard, true, 10, 2, 11, 0.5f);
+        EXPECT_LE(e.p, 1e-6) << ToString(gd) << " " << n;
+        EXPECT_LE(e.v, 1e-6);
+        for (size_t i = 0; i < n; ++i) {
+          const float p = shard.params[1 + i];
+          const uint16_t c = shard.copy_out[1 + i];
+          if (copy == ParamCopy::kBf16) {
+            ASSERT_EQ(c, Bf16Bits(p)) << i;
+          } else {
+            ASSERT_LE(std::fabs(FromF16(c) - p), std::fabs(p) * (1.0f / 2048) + 6e-8f) << i;
+          }
+        }
+        EXPECT_EQ(shard.copy_out[0], 0xDEAD) << "wrote before the shard";
+      }
+    }
+  }
+}
+
+TEST_P(EveryTarget, LowPrecisionStateStaysWithinDocumentedBounds) {
+  // Documented in docs/cpu_adam.md: after 10 steps (lr 1e-3, N(0,1) gradients) every
+  // parameter is within 1% (bf16 state) or 5% (int8 state) of the total distance the steps
+  // can move it (lr x steps) from the float64 reference.
+  for (auto [state, fraction] : {std::pair{StatePrecision::kBf16, 0.01}, std::pair{StatePrecision::kInt8, 0.05}}) {
+    for (size_t n : {size_t{1}, size_t{255}, size_t{257}, size_t{100003}}) {
+      TestShard shard(n, state, DType::kBf16, ParamCopy::kBf16, 0, 5);
+      const Errors e = RunAndCompare(shard, true, 10, 2, 13);
+      // RunAndCompare's p error is relative to max(|p|, 1e-2) = lr x steps at most.
+      EXPECT_LE(e.p * 1e-2 / (1e-3 * 10), fraction) << ToString(state) << " n " << n;
+      if (state == StatePrecision::kBf16) {
+        EXPECT_LE(e.v, 0.05) << "n " << n;  // a few bf16 roundings of 2^-8 each
+      }
+    }
+  }
+}
+
+std::vector<int64_t> CompiledTargets() { return hwy::SupportedAndGeneratedTargets(); }
+
+INSTANTIATE_TEST_SUITE_P(Simd, EveryTarget, ::testing::ValuesIn(CompiledTargets()),
+                         [](const ::testing::TestParamInfo<int64_t>& param_info) {
+                           return std::string(hwy::TargetName(param_info.param));
+                         });
+
+TEST(CpuAdamTest, IdenticalForAnyThreadCount) {
+  for (StatePrecision state : {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+    const size_t n = 3 * 16384 + 1000;  // several tiles and a tail
+    TestShard a(n, state, DType::kBf16, ParamCopy::kBf16, 0, 21);
+    TestShard b(n, state, DType::kBf16, ParamCopy::kBf16, 0, 21);
+    std::mt19937_64 ra(5), rb(5);
+    AdamHyper h = Hyper(true);
+    for (int s = 1; s <= 3; ++s) {
+      h.step = s;
+      a.NewGrads(ra);
+      b.NewGrads(rb);
+      ASSERT_TRUE(AdamUpdate(a.View(), h, 1.0f, 1).ok());
+      ASSERT_TRUE(AdamUpdate(b.View(), h, 1.0f, 2).ok());
+    }
+    EXPECT_EQ(a.params, b.params) << ToString(state);
+    EXPECT_EQ(a.m, b.m) << ToString(state);
+    EXPECT_EQ(a.v, b.v) << ToString(state);
+    EXPECT_EQ(a.copy_out, b.copy_out);
+  }
+}
+
+TEST(CpuAdamTest, OverflowSkipsTheStepAndLeavesStateUntouched) {
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+    for (DType gd : {DType::kFp32, DType::kBf16, DType::kFp16}) {
+      TestShard shard(40000, StatePrecision::kFp32, gd, ParamCopy::kBf16, 0, 9);
+      std::mt19937_64 rng(1);
+      shard.NewGrads(rng);
+      AdamHyper h = Hyper(true);
+      ASSERT_TRUE(AdamStep(std::vector<AdamShard>{shard.View()}, h).ok());
+      shard.NewGrads(rng);
+      // One bad gradient near the end.
+      unsigned char* g = shard.grads.data() + (gd == DType::kFp32 ? 4 : 2) * 39990;
+      if (gd == DType::kFp32) {
+        std::memcpy(g, &bad, 4);
+      } else {
+        const uint16_t b = gd == DType::kBf16 ? Bf16Bits(bad)
+                                              : static_cast<uint16_t>(std::isnan(bad) ? 0x7E00 : bad > 0 ? 0x7C00 : 0xFC00);
+        std::memcpy(g, &b, 2);
+      }
+      const auto before_p = shard.params;
+      const auto before_m = shard.m;
+      const auto before_v = shard.v;
+      const auto before_c = shard.copy_out;
+      h.step = 2;
+      auto r = AdamStep(std::vector<AdamShard>{shard.View()}, h);
+      ASSERT_TRUE(r.ok());
+      EXPECT_TRUE(r->skipped);
+      EXPECT_EQ(shard.params, before_p);
+      EXPECT_EQ(shard.m, before_m);
+      EXPECT_EQ(shard.v, before_v);
+      EXPECT_EQ(shard.copy_out, before_c);
+    }
+  }
+}
+
+TEST(CpuAdamTest, GradientNormAndClipping) {
+  TestShard a(100003, StatePrecision::kFp32, DType::kFp32, ParamCopy::kNone, 1, 2);
+  TestShard b(777, StatePrecision::kFp32, DType::kBf16, ParamCopy::kNone, 0, 3);
+  std::mt19937_64 rng(4);
+  const auto ga = a.NewGrads(rng, 3.0f);
+  const auto gb = b.NewGrads(rng, 3.0f);
+  double ref = 0;
+  for (float x : ga) ref += static_cast<double>(x) * x;
+  for (float x : gb) ref += static_cast<double>(x) * x;
+  ref = std::sqrt(ref);
+  const std::vector<AdamShard> shards = {a.View(), b.View()};
+  const GradNorm norm = GradientNorm(shards, 2);
+  EXPECT_TRUE(norm.finite);
+  EXPECT_NEAR(norm.l2, ref, ref * 1e-6);
+  // Loss scale 4 and clipping to 1: the update sees grads * (1 / (norm/4)) / 4.
+  auto r = AdamStep(shards, Hyper(true), 4.0f, 1.0f, 2);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->skipped);
+  EXPECT_NEAR(r->grad_norm, ref / 4, ref * 1e-6);
+  EXPECT_NEAR(r->clip_coef, 1.0 / (ref / 4), 1e-6);
+}
+
+TEST(CpuAdamTest, RejectsBadArguments) {
+  TestShard s(10, StatePrecision::kFp32, DType::kFp32, ParamCopy::kNone, 0, 1);
+  AdamHyper h = Hyper(true);
+  h.step = 0;
+  EXPECT_EQ(AdamUpdate(s.View(), h, 1.0f).code(), StatusCode::kInvalidArgument);
+  h.step = 1;
+  AdamShard v = s.View();
+  v.copy = ParamCopy::kBf16;
+  v.param_copy = nullptr;
+  EXPECT_EQ(AdamUpdate(v, h, 1.0f).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(AdamStep(std::vector<AdamShard>{s.View()}, h, 0.0f).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_GE(DefaultAdamThreads(), 1);
+}
+
+}  // namespace
+}  // namespace zoffload
