@@ -3,6 +3,7 @@
 //
 //   zoffload-bench                 every profile this machine supports, short defaults
 //   zoffload-bench nvme [options]  NVMe sweep; --help lists the options
+//   zoffload-bench adam [options]  CPU Adam against the memory-bandwidth ceiling
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -11,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/adam_profile.h"
 #include "bench/bench_util.h"
 #include "bench/nvme_profile.h"
 #include "common/strings.h"
@@ -19,10 +21,10 @@
 namespace zoffload::bench {
 namespace {
 
-constexpr const char* kUsage = R"(usage: zoffload-bench [nvme] [options]
+constexpr const char* kUsage = R"(usage: zoffload-bench [nvme|adam] [options]
 
 With no subcommand: every profile this machine supports, with short defaults (a 1 GiB
-temporary file in the current directory), then a table.
+temporary file in the current directory; 32M-parameter Adam steps), then tables.
 
 zoffload-bench nvme [--path DIR ...] [--size 4GiB] [--block-size 1M,4M] [--queue-depth 8,32]
                     [--threads 1,2] [--op write,read] [--single-submit] [--no-overlap-events]
@@ -39,6 +41,11 @@ zoffload-bench nvme [--path DIR ...] [--size 4GiB] [--block-size 1M,4M] [--queue
   --config FILE          take aio settings and NVMe paths from a zoffload/DeepSpeed config
   --write-aio-config F   write the recommended {"aio": {...}} block to F
 Speeds are O_DIRECT (never the page cache); 1 GB/s = 1e9 bytes/s.
+
+zoffload-bench adam [--params 256M] [--threads N] [--grad-dtype fp32,bf16,fp16]
+                    [--state fp32,bf16,int8] [--param-copy none,bf16,fp16] [--steps 5] [--json FILE]
+  Times Adam steps (median) and a kernel moving the same bytes per parameter over the same
+  buffers in the same process; prints Gparam/s, GB/s and their ratio (bandwidth_ratio).
 )";
 
 int Fail(const Status& s) {
@@ -200,6 +207,115 @@ int NvmeMain(const std::vector<std::string>& args, bool short_defaults) {
   return 0;
 }
 
+Status WriteAdamJson(const std::string& path, const std::vector<AdamRecord>& records) {
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const AdamRecord& r : records) {
+    list.push_back({{"profile", "adam"},
+                    {"params", r.params},
+                    {"threads", r.threads},
+                    {"grad_dtype", ToString(r.grad_dtype)},
+                    {"state", ToString(r.state)},
+                    {"param_copy", ToString(r.copy)},
+                    {"bytes_per_param", r.bytes_per_param},
+                    {"seconds_per_step", r.seconds_per_step},
+                    {"Gparams_per_s", r.gparams_per_s},
+                    {"GBps", r.gbps},
+                    {"ceiling_seconds", r.ceiling_seconds},
+                    {"bandwidth_ratio", r.bandwidth_ratio},
+                    {"target", r.target}});
+  }
+  std::ofstream out(path);
+  out << list.dump(2) << "\n";
+  out.close();
+  if (!out) return Status(StatusCode::kIoError, StrCat("cannot write ", path), errno);
+  return Status::Ok();
+}
+
+template <typename T>
+Result<std::vector<T>> ParseEnumList(std::string_view flag, std::string_view text,
+                                     const std::vector<std::pair<std::string, T>>& names) {
+  std::vector<std::string> allowed;
+  for (const auto& [name, value] : names) allowed.push_back(name);
+  ZO_ASSIGN_OR_RETURN(auto words, ParseWordList(flag, text, allowed));
+  std::vector<T> out;
+  for (const std::string& w : words) {
+    for (const auto& [name, value] : names) {
+      if (name == w) out.push_back(value);
+    }
+  }
+  return out;
+}
+
+int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
+  AdamBenchOptions o;
+  if (short_defaults) {
+    o.params = uint64_t{32} << 20;
+    o.grad_dtypes = {DType::kFp32, DType::kBf16};
+    o.copies = {ParamCopy::kNone, ParamCopy::kBf16};
+  }
+  std::string json_path;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    if (i + 1 >= args.size()) return Fail(InvalidArgumentError(StrCat(a, " needs a value")));
+    const std::string v = args[++i];
+    Status s;
+    if (a == "--params") {
+      if (!ParseByteSize(v, &o.params) || o.params == 0) {
+        return Fail(InvalidArgumentError(StrCat("--params: '", v, "' is not a count such as 256M")));
+      }
+    } else if (a == "--threads") {
+      auto l = ParseIntList(a, v, 1, 4096);
+      if (!l.ok()) return Fail(l.status());
+      o.threads = l->front();
+    } else if (a == "--steps") {
+      auto l = ParseIntList(a, v, 1, 1000);
+      if (!l.ok()) return Fail(l.status());
+      o.steps = l->front();
+    } else if (a == "--grad-dtype") {
+      auto l = ParseEnumList<DType>(a, v, {{"fp32", DType::kFp32}, {"bf16", DType::kBf16}, {"fp16", DType::kFp16}});
+      if (!l.ok()) return Fail(l.status());
+      o.grad_dtypes = *l;
+    } else if (a == "--state") {
+      auto l = ParseEnumList<StatePrecision>(
+          a, v, {{"fp32", StatePrecision::kFp32}, {"bf16", StatePrecision::kBf16}, {"int8", StatePrecision::kInt8}});
+      if (!l.ok()) return Fail(l.status());
+      o.states = *l;
+    } else if (a == "--param-copy") {
+      auto l = ParseEnumList<ParamCopy>(
+          a, v, {{"none", ParamCopy::kNone}, {"bf16", ParamCopy::kBf16}, {"fp16", ParamCopy::kFp16}});
+      if (!l.ok()) return Fail(l.status());
+      o.copies = *l;
+    } else if (a == "--json") {
+      json_path = v;
+    } else {
+      return Fail(InvalidArgumentError(StrCat("unknown option '", a, "'; see --help")));
+    }
+  }
+  auto records = RunAdamBench(o);
+  if (!records.ok()) return Fail(records.status());
+  std::printf("\n%-6s %-6s %-6s %7s %10s %9s %9s %11s %8s\n", "grads", "state", "copy", "B/param",
+              "s/step", "Gparam/s", "GB/s", "ceiling s", "ratio");
+  for (const AdamRecord& r : *records) {
+    std::printf("%-6s %-6s %-6s %7.2f %10.4f %9.3f %9.1f %11.4f %8.3f\n",
+                std::string(ToString(r.grad_dtype)).c_str(), std::string(ToString(r.state)).c_str(),
+                std::string(ToString(r.copy)).c_str(), r.bytes_per_param, r.seconds_per_step,
+                r.gparams_per_s, r.gbps, r.ceiling_seconds, r.bandwidth_ratio);
+  }
+  if (!records->empty()) {
+    std::printf("%llu params, %d threads, SIMD target %s; ratio = bandwidth-kernel time / Adam time\n",
+                static_cast<unsigned long long>((*records)[0].params), (*records)[0].threads,
+                (*records)[0].target.c_str());
+  }
+  if (!json_path.empty()) {
+    if (Status s = WriteAdamJson(json_path, *records); !s.ok()) return Fail(s);
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) {
@@ -209,14 +325,24 @@ int Main(int argc, char** argv) {
   if (!args.empty() && args[0] == "nvme") {
     return NvmeMain(std::vector<std::string>(args.begin() + 1, args.end()), false);
   }
+  if (!args.empty() && args[0] == "adam") {
+    return AdamMain(std::vector<std::string>(args.begin() + 1, args.end()), false);
+  }
   if (!args.empty() && args[0].rfind("--", 0) != 0) {
-    std::fprintf(stderr, "zoffload-bench: unknown profile '%s' (available: nvme)\n%s",
+    std::fprintf(stderr, "zoffload-bench: unknown profile '%s' (available: nvme, adam)\n%s",
                  args[0].c_str(), kUsage);
     return 2;
   }
   // Every profile this machine supports, short defaults.
+  if (!args.empty()) {
+    std::fprintf(stderr, "zoffload-bench: options go after a profile name (nvme, adam)\n%s", kUsage);
+    return 2;
+  }
   std::printf("== nvme (1 GiB temporary file in the current directory) ==\n");
-  return NvmeMain(args, true);
+  const int nvme = NvmeMain({}, true);
+  std::printf("\n== adam (32M parameters, all physical cores) ==\n");
+  const int adam = AdamMain({}, true);
+  return nvme != 0 ? nvme : adam;
 }
 
 }  // namespace

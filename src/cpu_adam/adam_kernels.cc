@@ -118,11 +118,18 @@ HWY_INLINE VU32 RandomBits(DU32 du, uint32_t seed, size_t index) {
   return hn::Xor(x, hn::ShiftRight<16>(x));
 }
 
-// Uniform floats in [0, 1) from random bits.
-HWY_INLINE VF Uniform(DF df, VU32 bits) {
+// Uniform floats in [0, 1) from the low 16 bits of `bits` (ample for 8-bit codes).
+HWY_INLINE VF Uniform16(DF df, VU32 bits) {
+  const DU32 du;
   const DI32 di;
-  return hn::Mul(hn::ConvertTo(df, hn::BitCast(di, hn::ShiftRight<8>(bits))),
-                 hn::Set(df, 1.0f / 16777216.0f));
+  return hn::Mul(hn::ConvertTo(df, hn::BitCast(di, hn::And(bits, hn::Set(du, 0xFFFFu)))),
+                 hn::Set(df, 1.0f / 65536.0f));
+}
+
+// sqrt(x) to about 12 bits, for 8-bit codes: x * rsqrt(x), with x = 0 kept at 0.
+HWY_INLINE VF ApproxSqrt(DF df, VF x) {
+  const VF safe = hn::Max(x, hn::Set(df, 1e-30f));
+  return hn::Mul(x, hn::ApproximateReciprocalSqrt(safe));
 }
 
 // ---- the update -------------------------------------------------------------------------
@@ -178,8 +185,9 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
       hn::StoreU(mv, df, static_cast<float*>(m) + i);
       hn::StoreU(vv, df, static_cast<float*>(v) + i);
     } else {
+      // One hash per lane: its low 16 bits round m, its high 16 bits round v.
       const VU32 rm = RandomBits(du, a.seed, index_base + i);
-      const VU32 rv = RandomBits(du, a.seed ^ 0x5BD1E995u, index_base + i);
+      const VU32 rv = hn::ShiftRight<16>(rm);
       StoreBf16(df, mv, static_cast<uint16_t*>(m) + i, &rm);
       StoreBf16(df, vv, static_cast<uint16_t*>(v) + i, &rv);
     }
@@ -219,7 +227,7 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
     const VF sq = Update(c, LoadGrad<kG>(df, g, i), mv, vv, pv);
     hn::StoreU(pv, df, p + i);
     StoreCopy<kC>(df, pv, copy, i);
-    const VF rn = hn::Sqrt(sq);
+    const VF rn = ApproxSqrt(df, sq);
     hn::Store(mv, df, m_new + i);
     hn::Store(rn, df, r_new + i);
     m_max = hn::Max(m_max, hn::Abs(mv));
@@ -233,10 +241,11 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
   const VF r_q = hn::Set(df, rs > 0 ? 255.0f / rs : 0.0f);
   const VF k127 = hn::Set(df, 127.0f);
   for (size_t i = 0; i < kInt8StateBlock; i += N) {
-    const VF um = Uniform(df, RandomBits(du, a.seed, index_base + i));
-    const VF ur = Uniform(df, RandomBits(du, a.seed ^ 0x5BD1E995u, index_base + i));
+    const VU32 bits = RandomBits(du, a.seed, index_base + i);
+    const VF um = Uniform16(df, bits);
+    const VF ur = Uniform16(df, hn::ShiftRight<16>(bits));
     const VF m = hn::Load(df, m_new + i);
-    const VF cm = hn::CopySign(hn::Mul(hn::Sqrt(hn::Mul(hn::Abs(m), m_q)), k127), m);
+    const VF cm = hn::CopySign(hn::Mul(ApproxSqrt(df, hn::Mul(hn::Abs(m), m_q)), k127), m);
     VF qm = hn::Floor(hn::Add(cm, um));
     VF qr = hn::Floor(hn::MulAdd(hn::Load(df, r_new + i), r_q, ur));
     qm = hn::Min(hn::Max(qm, hn::Set(df, -127.0f)), k127);
@@ -340,42 +349,36 @@ void AdamRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
 // ---- the bandwidth ceiling --------------------------------------------------------------
 
 // Reads and writes exactly the bytes AdamRange does (grads read; params and state read and
-// written; copy written), with one add per stream instead of Adam's arithmetic.
+// written; copy written), with one independent add per vector instead of Adam's arithmetic.
 void BandwidthRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
-  const DF df;
   const hn::ScalableTag<uint8_t> d8;
-  const size_t N = hn::Lanes(df);
+  const size_t L = hn::Lanes(d8);
   const size_t gb = ElemBytes(a.grad_type);
   const size_t sb = StateBytes(a.state);
   const size_t cb = CopyBytes(a.copy_type);
-  // Params and grads as fp32 lanes (grads reinterpreted: only their bytes matter here).
-  const VF one = hn::Set(df, 1.0f);
-  VF gsum = hn::Zero(df);
-  const size_t grad_floats = (end - begin) * gb / 4;
-  const auto* g = reinterpret_cast<const float*>(static_cast<const char*>(a.g) + begin * gb);
-  size_t i = 0;
-  for (; i + N <= grad_floats; i += N) gsum = hn::Add(gsum, hn::LoadU(df, g + i));
-  for (size_t k = begin; k + N <= end; k += N) {
-    hn::StoreU(hn::Add(hn::LoadU(df, a.p + k), gsum), df, a.p + k);
-  }
-  // State (and scales) in bytes: read, add, write.
-  const auto bump = [&](void* base, size_t bytes) {
-    auto* b = static_cast<uint8_t*>(base);
-    const auto inc = hn::Set(d8, uint8_t{1});
-    for (size_t j = 0; j + hn::Lanes(d8) <= bytes; j += hn::Lanes(d8)) {
-      hn::StoreU(hn::Add(hn::LoadU(d8, b + j), inc), d8, b + j);
+  const size_t n = end - begin;
+  const auto* g = static_cast<const uint8_t*>(a.g) + begin * gb;
+  auto* p = reinterpret_cast<uint8_t*>(a.p + begin);
+  auto* m = static_cast<uint8_t*>(a.m) + begin * sb;
+  auto* v = static_cast<uint8_t*>(a.v) + begin * sb;
+  auto* c = cb != 0 ? static_cast<uint8_t*>(a.copy) + begin * cb : nullptr;
+  // Walk all streams together, as the update does, in units of L elements: gb vectors of
+  // grads, 4 of params, sb each of m and v, cb of the copy.
+  auto acc = hn::Zero(d8);
+  for (size_t u = 0; u < n / L; ++u) {
+    for (size_t k = 0; k < gb; ++k) acc = hn::Xor(acc, hn::LoadU(d8, g + (u * gb + k) * L));
+    for (size_t k = 0; k < 4; ++k) {
+      uint8_t* q = p + (u * 4 + k) * L;
+      hn::StoreU(hn::Xor(hn::LoadU(d8, q), acc), d8, q);
     }
-  };
-  bump(static_cast<char*>(a.m) + begin * sb, (end - begin) * sb);
-  bump(static_cast<char*>(a.v) + begin * sb, (end - begin) * sb);
-  if (cb != 0) {
-    auto* c = static_cast<uint8_t*>(a.copy) + begin * cb;
-    const auto zero = hn::Zero(d8);
-    for (size_t j = 0; j + hn::Lanes(d8) <= (end - begin) * cb; j += hn::Lanes(d8)) {
-      hn::StoreU(zero, d8, c + j);
+    for (size_t k = 0; k < sb; ++k) {
+      uint8_t* qm = m + (u * sb + k) * L;
+      uint8_t* qv = v + (u * sb + k) * L;
+      hn::StoreU(hn::Xor(hn::LoadU(d8, qm), acc), d8, qm);
+      hn::StoreU(hn::Xor(hn::LoadU(d8, qv), acc), d8, qv);
     }
+    for (size_t k = 0; k < cb; ++k) hn::StoreU(acc, d8, c + (u * cb + k) * L);
   }
-  (void)one;
 }
 
 // ---- gradient norm ----------------------------------------------------------------------

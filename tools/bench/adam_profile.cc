@@ -1,0 +1,116 @@
+#include "bench/adam_profile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "bench/bench_util.h"
+#include "common/aligned_buffer.h"
+#include "common/strings.h"
+
+namespace zoffload::bench {
+namespace {
+
+size_t GradBytes(DType t) { return t == DType::kFp32 ? 4 : 2; }
+
+double BytesPerParam(const AdamRecord& r) {
+  const double state = r.state == StatePrecision::kFp32 ? 4 : r.state == StatePrecision::kBf16 ? 2 : 1;
+  const double scales = r.state == StatePrecision::kInt8 ? 2.0 * 2 * 4 / kInt8StateBlock : 0;
+  return static_cast<double>(GradBytes(r.grad_dtype)) + 8 + 4 * state + scales +
+         (r.copy == ParamCopy::kNone ? 0 : 2);
+}
+
+template <typename F>
+double MedianSeconds(int runs, F&& body) {
+  std::vector<double> t;
+  for (int i = 0; i < runs; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    body(i);
+    t.push_back(SecondsSince(start));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+Result<std::vector<AdamRecord>> RunAdamBench(const AdamBenchOptions& o) {
+  const size_t n = o.params;
+  const int threads = o.threads > 0 ? o.threads : DefaultAdamThreads();
+  // Buffers for the widest setting, touched once up front (first touch is not timed).
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer p, AlignedBuffer::Allocate(4 * n, 64, true));
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer g, AlignedBuffer::Allocate(4 * n, 64, true));
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer m, AlignedBuffer::Allocate(AdamMomentBytes(StatePrecision::kFp32, n), 64, true));
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer v, AlignedBuffer::Allocate(AdamMomentBytes(StatePrecision::kFp32, n), 64, true));
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer copy, AlignedBuffer::Allocate(2 * n, 64, true));
+  const int total = static_cast<int>(o.grad_dtypes.size() * o.states.size() * o.copies.size());
+  Progress progress("adam", total);
+  std::vector<AdamRecord> records;
+  for (DType gd : o.grad_dtypes) {
+    for (StatePrecision state : o.states) {
+      for (ParamCopy cp : o.copies) {
+        // Fresh, finite, non-trivial data for every setting: params ~ 1, grads ~ 1e-2.
+        auto* pf = p.as<float>();
+        for (size_t i = 0; i < n; ++i) pf[i] = 1.0f + static_cast<float>(i % 1021) * 1e-4f;
+        auto* gu = g.as<uint16_t>();
+        auto* gf = g.as<float>();
+        for (size_t i = 0; i < n; ++i) {
+          const float x = (static_cast<float>(i % 997) - 498.0f) * 2e-5f;
+          if (gd == DType::kFp32) {
+            gf[i] = x;
+          } else {
+            uint32_t b;
+            std::memcpy(&b, &x, 4);
+            // fp16 grads get fp16 bits of x (|x| < 0.01 is in range); bf16 the upper half.
+            gu[i] = gd == DType::kBf16 ? static_cast<uint16_t>(b >> 16) : static_cast<uint16_t>(0x2000 + i % 997);
+          }
+        }
+        std::memset(m.data(), 0, m.size());
+        std::memset(v.data(), 0, v.size());
+        AdamShard shard;
+        shard.params = pf;
+        shard.n = n;
+        shard.state = state;
+        shard.m = m.data();
+        shard.v = v.data();
+        shard.grads = g.data();
+        shard.grad_dtype = gd;
+        shard.copy = cp;
+        shard.param_copy = cp == ParamCopy::kNone ? nullptr : copy.data();
+        AdamHyper h;
+        h.weight_decay = 0.01f;
+        Status status;
+        ZO_RETURN_IF_ERROR(AdamUpdate(shard, h, 1.0f, threads));  // warm-up
+        const double adam = MedianSeconds(o.steps, [&](int i) {
+          h.step = 2 + i;
+          Status s = AdamUpdate(shard, h, 1.0f, threads);
+          if (!s.ok()) status = s;
+        });
+        ZO_RETURN_IF_ERROR(status);
+        AdamBandwidthCeiling(shard, threads);  // warm-up
+        const double ceiling = MedianSeconds(o.steps, [&](int) { AdamBandwidthCeiling(shard, threads); });
+        AdamRecord r;
+        r.params = n;
+        r.threads = threads;
+        r.grad_dtype = gd;
+        r.state = state;
+        r.copy = cp;
+        r.bytes_per_param = BytesPerParam(r);
+        r.seconds_per_step = adam;
+        r.gparams_per_s = static_cast<double>(n) / adam / 1e9;
+        r.gbps = static_cast<double>(n) * r.bytes_per_param / adam / 1e9;
+        r.ceiling_seconds = ceiling;
+        r.bandwidth_ratio = ceiling / adam;
+        r.target = CpuAdamTarget();
+        records.push_back(r);
+        progress.Step(StrCat("grads ", ToString(gd), ", state ", ToString(state), ", copy ",
+                             ToString(cp), ": ", r.gparams_per_s, " Gparam/s, ", r.bandwidth_ratio,
+                             " of the bandwidth ceiling"));
+      }
+    }
+  }
+  progress.Done();
+  return records;
+}
+
+}  // namespace zoffload::bench
