@@ -45,16 +45,17 @@ HWY_INLINE void StoreBf16(DF df, VF v, uint16_t* p, const VU32* random) {
   const DI32 di;
   const hn::Rebind<uint16_t, DF> d16;
   const VU32 bits = hn::BitCast(du, v);
-  VU32 rounded;
+  VU32 out;
   if (random != nullptr) {
-    rounded = hn::Add(bits, hn::And(*random, hn::Set(du, 0xFFFFu)));
+    // Moments are finite (gradients were checked), so no NaN handling is needed here.
+    out = hn::Add(bits, hn::And(*random, hn::Set(du, 0xFFFFu)));
   } else {
     const VU32 lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-    rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb));
+    const VU32 rounded = hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb));
+    // A NaN parameter stays a (quiet) NaN in the copy.
+    out = hn::IfThenElse(hn::RebindMask(du, hn::Ne(v, v)), hn::Set(du, 0x7FC00000u), rounded);
   }
-  // NaN stays NaN (quiet); the shifted value fits 16 bits, so the saturating demote is exact.
-  const auto is_nan = hn::Ne(v, v);
-  const VU32 out = hn::IfThenElse(hn::RebindMask(du, is_nan), hn::Set(du, 0x7FC00000u), rounded);
+  // The shifted value fits 16 bits, so the saturating demote is exact.
   hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(out))), d16, p);
   (void)df;
 }
@@ -108,9 +109,10 @@ HWY_INLINE void StoreCopy(DF df, VF p, void* copy, size_t i) {
   }
 }
 
-// 32 random bits per lane from (seed, element index): a murmur3-style finalizer.
-HWY_INLINE VU32 RandomBits(DU32 du, uint32_t seed, size_t index) {
-  VU32 x = hn::Add(hn::Iota(du, static_cast<uint32_t>(index)), hn::Set(du, seed));
+// 32 random bits per lane from (seed, element index): a murmur3-style finalizer. `lanes` is
+// Iota(du, 0), computed once by the caller (Highway's Iota is a scalar loop).
+HWY_INLINE VU32 RandomBits(DU32 du, VU32 lanes, uint32_t seed, size_t index) {
+  VU32 x = hn::Add(lanes, hn::Set(du, static_cast<uint32_t>(index) + seed));
   x = hn::Xor(x, hn::ShiftRight<16>(x));
   x = hn::Mul(x, hn::Set(du, 0x85EBCA6Bu));
   x = hn::Xor(x, hn::ShiftRight<13>(x));
@@ -169,6 +171,7 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
   const DU32 du;
   const size_t N = hn::Lanes(df);
   const Coefs c(df, a);
+  const VU32 lanes = hn::Iota(du, 0);
   for (size_t i = begin; i < end; i += N) {
     VF pv = hn::LoadU(df, p + i);
     VF mv, vv;
@@ -186,7 +189,7 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
       hn::StoreU(vv, df, static_cast<float*>(v) + i);
     } else {
       // One hash per lane: its low 16 bits round m, its high 16 bits round v.
-      const VU32 rm = RandomBits(du, a.seed, index_base + i);
+      const VU32 rm = RandomBits(du, lanes, a.seed, index_base + i);
       const VU32 rv = hn::ShiftRight<16>(rm);
       StoreBf16(df, mv, static_cast<uint16_t*>(m) + i, &rm);
       StoreBf16(df, vv, static_cast<uint16_t*>(v) + i, &rv);
@@ -203,7 +206,7 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
 template <DType kG, ParamCopy kC>
 HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, int8_t* mq,
                               uint8_t* vq, float* m_scale, float* v_scale, void* copy,
-                              size_t index_base) {
+                              size_t index_base, VU32 lanes) {
   const DF df;
   const DU32 du;
   const DI32 di;
@@ -241,7 +244,7 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
   const VF r_q = hn::Set(df, rs > 0 ? 255.0f / rs : 0.0f);
   const VF k127 = hn::Set(df, 127.0f);
   for (size_t i = 0; i < kInt8StateBlock; i += N) {
-    const VU32 bits = RandomBits(du, a.seed, index_base + i);
+    const VU32 bits = RandomBits(du, lanes, a.seed, index_base + i);
     const VF um = Uniform16(df, bits);
     const VF ur = Uniform16(df, hn::ShiftRight<16>(bits));
     const VF m = hn::Load(df, m_new + i);
@@ -271,6 +274,7 @@ void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
   const size_t gb = ElemBytes(kG), sb = StateBytes(kS), cb = CopyBytes(kC);
   void* g = const_cast<void*>(a.g);
   if constexpr (kS == StatePrecision::kInt8) {
+    const VU32 lanes = hn::Iota(DU32(), 0);
     for (size_t b = begin; b < end; b += kInt8StateBlock) {
       const size_t len = std::min(kInt8StateBlock, end - b);
       float* ms = a.m_scales + b / kInt8StateBlock;
@@ -279,7 +283,7 @@ void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
       auto* vq = static_cast<uint8_t*>(a.v) + b;
       if (len == kInt8StateBlock) {
         AdamInt8Block<kG, kC>(a, a.p + b, At<char>(g, gb, b), mq, vq, ms, vs,
-                              kC == ParamCopy::kNone ? nullptr : At<char>(a.copy, cb, b), b);
+                              kC == ParamCopy::kNone ? nullptr : At<char>(a.copy, cb, b), b, lanes);
         continue;
       }
       // A partial last block: zero-padded copies through the same code.
@@ -292,7 +296,7 @@ void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
       std::memcpy(gp, At<char>(g, gb, b), len * gb);
       std::memcpy(mp, mq, len);
       std::memcpy(vp, vq, len);
-      AdamInt8Block<kG, kC>(a, p, gp, mp, vp, ms, vs, cp, b);
+      AdamInt8Block<kG, kC>(a, p, gp, mp, vp, ms, vs, cp, b, lanes);
       std::memcpy(a.p + b, p, len * 4);
       std::memcpy(mq, mp, len);
       std::memcpy(vq, vp, len);
