@@ -265,7 +265,8 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
     Status s;
     if (a == "--params") {
       if (!ParseByteSize(v, &o.params) || o.params == 0) {
-        return Fail(InvalidArgumentError(StrCat("--params: '", v, "' is not a count such as 256M")));
+        return Fail(
+            InvalidArgumentError(StrCat("--params: '", v, "' is not a count such as 256M")));
       }
     } else if (a == "--threads") {
       auto l = ParseIntList(a, v, 1, 4096);
@@ -276,17 +277,21 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
       if (!l.ok()) return Fail(l.status());
       o.steps = l->front();
     } else if (a == "--grad-dtype") {
-      auto l = ParseEnumList<DType>(a, v, {{"fp32", DType::kFp32}, {"bf16", DType::kBf16}, {"fp16", DType::kFp16}});
+      auto l = ParseEnumList<DType>(
+          a, v, {{"fp32", DType::kFp32}, {"bf16", DType::kBf16}, {"fp16", DType::kFp16}});
       if (!l.ok()) return Fail(l.status());
       o.grad_dtypes = *l;
     } else if (a == "--state") {
-      auto l = ParseEnumList<StatePrecision>(
-          a, v, {{"fp32", StatePrecision::kFp32}, {"bf16", StatePrecision::kBf16}, {"int8", StatePrecision::kInt8}});
+      auto l = ParseEnumList<StatePrecision>(a, v,
+                                             {{"fp32", StatePrecision::kFp32},
+                                              {"bf16", StatePrecision::kBf16},
+                                              {"int8", StatePrecision::kInt8}});
       if (!l.ok()) return Fail(l.status());
       o.states = *l;
     } else if (a == "--param-copy") {
       auto l = ParseEnumList<ParamCopy>(
-          a, v, {{"none", ParamCopy::kNone}, {"bf16", ParamCopy::kBf16}, {"fp16", ParamCopy::kFp16}});
+          a, v,
+          {{"none", ParamCopy::kNone}, {"bf16", ParamCopy::kBf16}, {"fp16", ParamCopy::kFp16}});
       if (!l.ok()) return Fail(l.status());
       o.copies = *l;
     } else if (a == "--json") {
@@ -306,9 +311,10 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
                 r.gparams_per_s, r.gbps, r.ceiling_seconds, r.bandwidth_ratio);
   }
   if (!records->empty()) {
-    std::printf("%llu params, %d threads, SIMD target %s; ratio = bandwidth-kernel time / Adam time\n",
-                static_cast<unsigned long long>((*records)[0].params), (*records)[0].threads,
-                (*records)[0].target.c_str());
+    std::printf(
+        "%llu params, %d threads, SIMD target %s; ratio = bandwidth-kernel time / Adam time\n",
+        static_cast<unsigned long long>((*records)[0].params), (*records)[0].threads,
+        (*records)[0].target.c_str());
   }
   if (!json_path.empty()) {
     if (Status s = WriteAdamJson(json_path, *records); !s.ok()) return Fail(s);
@@ -335,7 +341,8 @@ int Main(int argc, char** argv) {
   }
   // Every profile this machine supports, short defaults.
   if (!args.empty()) {
-    std::fprintf(stderr, "zoffload-bench: options go after a profile name (nvme, adam)\n%s", kUsage);
+    std::fprintf(stderr, "zoffload-bench: options go after a profile name (nvme, adam)\n%s",
+                 kUsage);
     return 2;
   }
   std::printf("== nvme (1 GiB temporary file in the current directory) ==\n");

@@ -76,7 +76,8 @@ GradNorm GradientNorm(std::span<const AdamShard> shards, int threads = 0);
 
 /// The update pass alone: gradients are multiplied by `grad_scale` (1/loss_scale times the
 /// clip coefficient). Grads must be finite (GradientNorm checks). `threads` 0 = CpuAdam default.
-Status AdamUpdate(const AdamShard& shard, const AdamHyper& hyper, float grad_scale, int threads = 0);
+Status AdamUpdate(const AdamShard& shard, const AdamHyper& hyper, float grad_scale,
+                  int threads = 0);
 
 /// A pass moving the same bytes as AdamUpdate on the same shard, with trivial arithmetic: the
 /// memory-bandwidth ceiling the benchmark compares the update with. It writes the shard.

@@ -82,9 +82,12 @@ HWY_INLINE void StoreF16(DF df, VF v, hwy::float16_t* p) {
   const VU32 subnormal =
       hn::Sub(hn::BitCast(du, hn::Add(hn::BitCast(df, mag), half)), hn::BitCast(du, half));
   const auto mag_i = hn::BitCast(di, mag);
-  VU32 out = hn::IfThenElse(hn::RebindMask(du, hn::Gt(hn::Set(di, 0x38800000), mag_i)), subnormal, normal);
-  out = hn::IfThenElse(hn::RebindMask(du, hn::Gt(mag_i, hn::Set(di, 0x477FEFFF))), hn::Set(du, 0x7C00u), out);
-  out = hn::IfThenElse(hn::RebindMask(du, hn::Gt(mag_i, hn::Set(di, 0x7F800000))), hn::Set(du, 0x7E00u), out);
+  VU32 out =
+      hn::IfThenElse(hn::RebindMask(du, hn::Gt(hn::Set(di, 0x38800000), mag_i)), subnormal, normal);
+  out = hn::IfThenElse(hn::RebindMask(du, hn::Gt(mag_i, hn::Set(di, 0x477FEFFF))),
+                       hn::Set(du, 0x7C00u), out);
+  out = hn::IfThenElse(hn::RebindMask(du, hn::Gt(mag_i, hn::Set(di, 0x7F800000))),
+                       hn::Set(du, 0x7E00u), out);
   out = hn::Or(out, sign);
   hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, out)), d16, reinterpret_cast<uint16_t*>(p));
 }
@@ -259,7 +262,9 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
 }
 
 size_t ElemBytes(DType t) { return t == DType::kFp32 ? 4 : 2; }
-size_t StateBytes(StatePrecision s) { return s == StatePrecision::kFp32 ? 4 : s == StatePrecision::kBf16 ? 2 : 1; }
+size_t StateBytes(StatePrecision s) {
+  return s == StatePrecision::kFp32 ? 4 : s == StatePrecision::kBf16 ? 2 : 1;
+}
 size_t CopyBytes(ParamCopy c) { return c == ParamCopy::kNone ? 0 : 2; }
 
 template <typename T>
@@ -327,26 +332,35 @@ void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
 template <DType kG, StatePrecision kS>
 void DispatchCopy(const AdamKernelArgs& a, size_t begin, size_t end) {
   switch (a.copy_type) {
-    case ParamCopy::kNone: return AdamRangeT<kG, kS, ParamCopy::kNone>(a, begin, end);
-    case ParamCopy::kBf16: return AdamRangeT<kG, kS, ParamCopy::kBf16>(a, begin, end);
-    case ParamCopy::kFp16: return AdamRangeT<kG, kS, ParamCopy::kFp16>(a, begin, end);
+    case ParamCopy::kNone:
+      return AdamRangeT<kG, kS, ParamCopy::kNone>(a, begin, end);
+    case ParamCopy::kBf16:
+      return AdamRangeT<kG, kS, ParamCopy::kBf16>(a, begin, end);
+    case ParamCopy::kFp16:
+      return AdamRangeT<kG, kS, ParamCopy::kFp16>(a, begin, end);
   }
 }
 
 template <DType kG>
 void DispatchState(const AdamKernelArgs& a, size_t begin, size_t end) {
   switch (a.state) {
-    case StatePrecision::kFp32: return DispatchCopy<kG, StatePrecision::kFp32>(a, begin, end);
-    case StatePrecision::kBf16: return DispatchCopy<kG, StatePrecision::kBf16>(a, begin, end);
-    case StatePrecision::kInt8: return DispatchCopy<kG, StatePrecision::kInt8>(a, begin, end);
+    case StatePrecision::kFp32:
+      return DispatchCopy<kG, StatePrecision::kFp32>(a, begin, end);
+    case StatePrecision::kBf16:
+      return DispatchCopy<kG, StatePrecision::kBf16>(a, begin, end);
+    case StatePrecision::kInt8:
+      return DispatchCopy<kG, StatePrecision::kInt8>(a, begin, end);
   }
 }
 
 void AdamRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
   switch (a.grad_type) {
-    case DType::kFp32: return DispatchState<DType::kFp32>(a, begin, end);
-    case DType::kBf16: return DispatchState<DType::kBf16>(a, begin, end);
-    case DType::kFp16: return DispatchState<DType::kFp16>(a, begin, end);
+    case DType::kFp32:
+      return DispatchState<DType::kFp32>(a, begin, end);
+    case DType::kBf16:
+      return DispatchState<DType::kBf16>(a, begin, end);
+    case DType::kFp16:
+      return DispatchState<DType::kFp16>(a, begin, end);
   }
 }
 
@@ -417,9 +431,12 @@ double SumSquaresT(const void* g, size_t begin, size_t end, bool* finite) {
 
 double GradSumSquaresImpl(const void* g, DType type, size_t begin, size_t end, bool* finite) {
   switch (type) {
-    case DType::kFp32: return SumSquaresT<DType::kFp32>(g, begin, end, finite);
-    case DType::kBf16: return SumSquaresT<DType::kBf16>(g, begin, end, finite);
-    case DType::kFp16: return SumSquaresT<DType::kFp16>(g, begin, end, finite);
+    case DType::kFp32:
+      return SumSquaresT<DType::kFp32>(g, begin, end, finite);
+    case DType::kBf16:
+      return SumSquaresT<DType::kBf16>(g, begin, end, finite);
+    case DType::kFp16:
+      return SumSquaresT<DType::kFp16>(g, begin, end, finite);
   }
   return 0;
 }

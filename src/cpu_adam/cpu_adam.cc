@@ -47,8 +47,9 @@ internal::AdamKernelArgs MakeArgs(const AdamShard& s, const AdamHyper& h, float 
   a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   a.eps = h.eps;
   a.l2 = h.decoupled_weight_decay ? 0.0f : h.weight_decay;
-  a.decay = h.decoupled_weight_decay ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay)
-                                     : 1.0f;
+  a.decay = h.decoupled_weight_decay
+                ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay)
+                : 1.0f;
   a.grad_scale = grad_scale;
   a.seed = static_cast<uint32_t>(h.step) * 0x9E3779B9u + 0x7F4A7C15u;
   return a;
@@ -62,7 +63,8 @@ Status CheckShard(const AdamShard& s, const AdamHyper& h) {
   if (s.copy != ParamCopy::kNone && s.param_copy == nullptr) {
     return InvalidArgumentError("AdamUpdate: copy requested but param_copy is null");
   }
-  if (h.step < 1) return InvalidArgumentError(StrCat("AdamUpdate: step must be >= 1, got ", h.step));
+  if (h.step < 1)
+    return InvalidArgumentError(StrCat("AdamUpdate: step must be >= 1, got ", h.step));
   if (!(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1 && h.eps > 0)) {
     return InvalidArgumentError("AdamUpdate: betas must be in [0, 1) and eps > 0");
   }
@@ -83,26 +85,34 @@ void ForTiles(size_t n, int threads, F&& body) {
 
 std::string_view ToString(DType dtype) {
   switch (dtype) {
-    case DType::kFp32: return "fp32";
-    case DType::kBf16: return "bf16";
-    case DType::kFp16: return "fp16";
+    case DType::kFp32:
+      return "fp32";
+    case DType::kBf16:
+      return "bf16";
+    case DType::kFp16:
+      return "fp16";
   }
   return "?";
 }
 
 std::string_view ToString(ParamCopy copy) {
   switch (copy) {
-    case ParamCopy::kNone: return "none";
-    case ParamCopy::kBf16: return "bf16";
-    case ParamCopy::kFp16: return "fp16";
+    case ParamCopy::kNone:
+      return "none";
+    case ParamCopy::kBf16:
+      return "bf16";
+    case ParamCopy::kFp16:
+      return "fp16";
   }
   return "?";
 }
 
 size_t AdamMomentBytes(StatePrecision precision, size_t n) {
   switch (precision) {
-    case StatePrecision::kFp32: return 4 * n;
-    case StatePrecision::kBf16: return 2 * n;
+    case StatePrecision::kFp32:
+      return 4 * n;
+    case StatePrecision::kBf16:
+      return 2 * n;
     case StatePrecision::kInt8:
       return ((n + 3) & ~size_t{3}) + 4 * ((n + kInt8StateBlock - 1) / kInt8StateBlock);
   }
@@ -159,7 +169,8 @@ void AdamBandwidthCeiling(const AdamShard& shard, int threads) {
 
 Result<AdamStepResult> AdamStep(std::span<const AdamShard> shards, const AdamHyper& hyper,
                                 float loss_scale, float max_grad_norm, int threads) {
-  if (!(loss_scale > 0)) return InvalidArgumentError(StrCat("AdamStep: loss_scale must be > 0, got ", loss_scale));
+  if (!(loss_scale > 0))
+    return InvalidArgumentError(StrCat("AdamStep: loss_scale must be > 0, got ", loss_scale));
   for (const AdamShard& s : shards) ZO_RETURN_IF_ERROR(CheckShard(s, hyper));
   AdamStepResult result;
   const GradNorm norm = GradientNorm(shards, threads);

@@ -38,7 +38,10 @@ uint16_t F16Bits(float f) {  // round to nearest (ties away from even are rare; 
     const float a = std::fabs(f);
     while (lo < hi) {
       const uint16_t mid = static_cast<uint16_t>((lo + hi + 1) / 2);
-      if (FromF16(mid) <= a) lo = mid; else hi = static_cast<uint16_t>(mid - 1);
+      if (FromF16(mid) <= a)
+        lo = mid;
+      else
+        hi = static_cast<uint16_t>(mid - 1);
     }
     uint16_t best = lo;
     if (lo < 0x7BFF && std::fabs(FromF16(lo + 1) - a) < std::fabs(FromF16(lo) - a)) best = lo + 1;
@@ -123,13 +126,25 @@ struct TestShard {
   }
   float MomentM(size_t i) const {
     const unsigned char* base = m.data() + 4 * offset;
-    if (state == StatePrecision::kFp32) { float f; std::memcpy(&f, base + 4 * i, 4); return f; }
-    uint16_t b; std::memcpy(&b, base + 2 * i, 2); return FromBf16(b);
+    if (state == StatePrecision::kFp32) {
+      float f;
+      std::memcpy(&f, base + 4 * i, 4);
+      return f;
+    }
+    uint16_t b;
+    std::memcpy(&b, base + 2 * i, 2);
+    return FromBf16(b);
   }
   float MomentV(size_t i) const {
     const unsigned char* base = v.data() + 4 * offset;
-    if (state == StatePrecision::kFp32) { float f; std::memcpy(&f, base + 4 * i, 4); return f; }
-    uint16_t b; std::memcpy(&b, base + 2 * i, 2); return FromBf16(b);
+    if (state == StatePrecision::kFp32) {
+      float f;
+      std::memcpy(&f, base + 4 * i, 4);
+      return f;
+    }
+    uint16_t b;
+    std::memcpy(&b, base + 2 * i, 2);
+    return FromBf16(b);
   }
 };
 
@@ -146,7 +161,9 @@ AdamHyper Hyper(bool adamw) {
 
 // Runs `steps` updates on shard and reference; returns the worst relative error of params,
 // relative to max(|ref|, floor).
-struct Errors { double p = 0, m = 0, v = 0; };
+struct Errors {
+  double p = 0, m = 0, v = 0;
+};
 Errors RunAndCompare(TestShard& shard, bool adamw, int steps, int threads, uint64_t seed,
                      float grad_scale = 1.0f) {
   Reference ref;
@@ -166,11 +183,13 @@ Errors RunAndCompare(TestShard& shard, bool adamw, int steps, int threads, uint6
   for (double x : ref.m) m_rms += x * x;
   m_rms = shard.n ? std::sqrt(m_rms / shard.n) : 1;
   for (size_t i = 0; i < shard.n; ++i) {
-    e.p = std::max(e.p, std::fabs(shard.params[shard.offset + i] - ref.p[i]) / std::max(std::fabs(ref.p[i]), 1e-2));
+    e.p = std::max(e.p, std::fabs(shard.params[shard.offset + i] - ref.p[i]) /
+                            std::max(std::fabs(ref.p[i]), 1e-2));
     if (shard.state != StatePrecision::kInt8) {
       // m is a signed running mean whose value can cancel to near zero while its rounding
       // error scales with its inputs: measured against max(|m|, RMS of m).
-      e.m = std::max(e.m, std::fabs(shard.MomentM(i) - ref.m[i]) / std::max(std::fabs(ref.m[i]), m_rms));
+      e.m = std::max(e.m,
+                     std::fabs(shard.MomentM(i) - ref.m[i]) / std::max(std::fabs(ref.m[i]), m_rms));
       e.v = std::max(e.v, std::fabs(shard.MomentV(i) - ref.v[i]) / ref.v[i]);
     }
   }
@@ -192,7 +211,8 @@ TEST_P(EveryTarget, Fp32MatchesFloat64ReferenceAfterTenSteps) {
   for (bool adamw : {true, false}) {
     for (size_t n : kSizes) {
       for (size_t offset : {0, 1}) {
-        TestShard shard(n, StatePrecision::kFp32, DType::kFp32, ParamCopy::kNone, offset, n + offset);
+        TestShard shard(n, StatePrecision::kFp32, DType::kFp32, ParamCopy::kNone, offset,
+                        n + offset);
         const Errors e = RunAndCompare(shard, adamw, 10, 2, 7 + n);
         EXPECT_LE(e.p, 1e-6) << "n " << n << " offset " << offset << " adamw " << adamw;
         EXPECT_LE(e.m, 1e-6) << "n " << n;
@@ -229,7 +249,8 @@ TEST_P(EveryTarget, LowPrecisionStateStaysWithinDocumentedBounds) {
   // Documented in docs/cpu_adam.md: after 10 steps (lr 1e-3, N(0,1) gradients) every
   // parameter is within 1% (bf16 state) or 5% (int8 state) of the total distance the steps
   // can move it (lr x steps) from the float64 reference.
-  for (auto [state, fraction] : {std::pair{StatePrecision::kBf16, 0.01}, std::pair{StatePrecision::kInt8, 0.05}}) {
+  for (auto [state, fraction] :
+       {std::pair{StatePrecision::kBf16, 0.01}, std::pair{StatePrecision::kInt8, 0.05}}) {
     for (size_t n : {size_t{1}, size_t{255}, size_t{257}, size_t{100003}}) {
       TestShard shard(n, state, DType::kBf16, ParamCopy::kBf16, 0, 5);
       const Errors e = RunAndCompare(shard, true, 10, 2, 13);
@@ -250,7 +271,8 @@ INSTANTIATE_TEST_SUITE_P(Simd, EveryTarget, ::testing::ValuesIn(CompiledTargets(
                          });
 
 TEST(CpuAdamTest, IdenticalForAnyThreadCount) {
-  for (StatePrecision state : {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+  for (StatePrecision state :
+       {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
     const size_t n = 3 * 16384 + 1000;  // several tiles and a tail
     TestShard a(n, state, DType::kBf16, ParamCopy::kBf16, 0, 21);
     TestShard b(n, state, DType::kBf16, ParamCopy::kBf16, 0, 21);
@@ -285,7 +307,9 @@ TEST(CpuAdamTest, OverflowSkipsTheStepAndLeavesStateUntouched) {
         std::memcpy(g, &bad, 4);
       } else {
         const uint16_t b = gd == DType::kBf16 ? Bf16Bits(bad)
-                                              : static_cast<uint16_t>(std::isnan(bad) ? 0x7E00 : bad > 0 ? 0x7C00 : 0xFC00);
+                                              : static_cast<uint16_t>(std::isnan(bad) ? 0x7E00
+                                                                      : bad > 0       ? 0x7C00
+                                                                                      : 0xFC00);
         std::memcpy(g, &b, 2);
       }
       const auto before_p = shard.params;

@@ -14,7 +14,9 @@ namespace {
 size_t GradBytes(DType t) { return t == DType::kFp32 ? 4 : 2; }
 
 double BytesPerParam(const AdamRecord& r) {
-  const double state = r.state == StatePrecision::kFp32 ? 4 : r.state == StatePrecision::kBf16 ? 2 : 1;
+  const double state = r.state == StatePrecision::kFp32   ? 4
+                       : r.state == StatePrecision::kBf16 ? 2
+                                                          : 1;
   const double scales = r.state == StatePrecision::kInt8 ? 2.0 * 2 * 4 / kInt8StateBlock : 0;
   return static_cast<double>(GradBytes(r.grad_dtype)) + 8 + 4 * state + scales +
          (r.copy == ParamCopy::kNone ? 0 : 2);
@@ -40,8 +42,10 @@ Result<std::vector<AdamRecord>> RunAdamBench(const AdamBenchOptions& o) {
   // Buffers for the widest setting, touched once up front (first touch is not timed).
   ZO_ASSIGN_OR_RETURN(AlignedBuffer p, AlignedBuffer::Allocate(4 * n, 64, true));
   ZO_ASSIGN_OR_RETURN(AlignedBuffer g, AlignedBuffer::Allocate(4 * n, 64, true));
-  ZO_ASSIGN_OR_RETURN(AlignedBuffer m, AlignedBuffer::Allocate(AdamMomentBytes(StatePrecision::kFp32, n), 64, true));
-  ZO_ASSIGN_OR_RETURN(AlignedBuffer v, AlignedBuffer::Allocate(AdamMomentBytes(StatePrecision::kFp32, n), 64, true));
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer m,
+                      AlignedBuffer::Allocate(AdamMomentBytes(StatePrecision::kFp32, n), 64, true));
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer v,
+                      AlignedBuffer::Allocate(AdamMomentBytes(StatePrecision::kFp32, n), 64, true));
   ZO_ASSIGN_OR_RETURN(AlignedBuffer copy, AlignedBuffer::Allocate(2 * n, 64, true));
   const int total = static_cast<int>(o.grad_dtypes.size() * o.states.size() * o.copies.size());
   Progress progress("adam", total);
@@ -62,7 +66,8 @@ Result<std::vector<AdamRecord>> RunAdamBench(const AdamBenchOptions& o) {
             uint32_t b;
             std::memcpy(&b, &x, 4);
             // fp16 grads get fp16 bits of x (|x| < 0.01 is in range); bf16 the upper half.
-            gu[i] = gd == DType::kBf16 ? static_cast<uint16_t>(b >> 16) : static_cast<uint16_t>(0x2000 + i % 997);
+            gu[i] = gd == DType::kBf16 ? static_cast<uint16_t>(b >> 16)
+                                       : static_cast<uint16_t>(0x2000 + i % 997);
           }
         }
         std::memset(m.data(), 0, m.size());
@@ -91,7 +96,8 @@ Result<std::vector<AdamRecord>> RunAdamBench(const AdamBenchOptions& o) {
             Status s = AdamUpdate(shard, h, 1.0f, threads);
             if (!s.ok()) status = s;
           }));
-          ceiling_times.push_back(MedianSeconds(1, [&](int) { AdamBandwidthCeiling(shard, threads); }));
+          ceiling_times.push_back(
+              MedianSeconds(1, [&](int) { AdamBandwidthCeiling(shard, threads); }));
         }
         ZO_RETURN_IF_ERROR(status);
         std::sort(adam_times.begin(), adam_times.end());
