@@ -74,7 +74,7 @@ Status CheckShard(const AdamShard& s, const AdamHyper& h) {
 template <typename F>
 void ForTiles(size_t n, int threads, F&& body) {
   const auto tiles = static_cast<int64_t>((n + kTile - 1) / kTile);
-#pragma omp parallel for schedule(static) num_threads(threads) proc_bind(spread)
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t t = 0; t < tiles; ++t) {
     const size_t begin = static_cast<size_t>(t) * kTile;
     body(begin, std::min(n, begin + kTile));

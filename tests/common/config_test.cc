@@ -37,7 +37,7 @@ constexpr const char* kEveryKey = R"({
   "zoffload": {"nvme_paths": ["/mnt/a", "/mnt/b"],
                "budgets": {"gpu_bytes": "20GiB", "pinned_host_bytes": 1073741824,
                            "host_bytes": "64G"},
-               "optimizer_state": "int8", "trace_path": "/tmp/trace.json"}
+               "optimizer_state": "int8", "cpu_adam_threads": 12, "trace_path": "/tmp/trace.json"}
 })";
 
 Result<Config> Parse(const std::string& text, int world_size = 1) {
@@ -130,6 +130,7 @@ TEST(ConfigTest, EveryKeyIsRead) {
   EXPECT_EQ(c.zoffload.budgets.host_bytes, 64ull << 30);
   EXPECT_EQ(c.zoffload.optimizer_state, StatePrecision::kInt8);
   EXPECT_EQ(c.zoffload.trace_path, "/tmp/trace.json");
+  EXPECT_EQ(c.zoffload.cpu_adam_threads, 12);
 }
 
 TEST(ConfigTest, SerializeRoundTrips) {
@@ -330,6 +331,7 @@ TEST(ConfigTest, ImpossibleValuesAndCombinations) {
       {R"({"zoffload": {"nvme_paths": ["/a", "/a"]}})",
        "zoffload.nvme_paths[1]: \"/a\" is listed twice"},
       {R"({"zoffload": {"nvme_paths": [""]}})", "zoffload.nvme_paths[0]: must not be empty"},
+      {R"({"zoffload": {"cpu_adam_threads": -1}})", "zoffload.cpu_adam_threads: must be in [0, 4096]"},
       {R"({"zoffload": {"budgets": {"gpu_bytes": 0}}})", "zoffload.budgets.gpu_bytes: must be > 0"},
       {R"({"zoffload": {"budgets": {"pinned_host_bytes": "0"}}})",
        "zoffload.budgets.pinned_host_bytes: must be > 0"},
