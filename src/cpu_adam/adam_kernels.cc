@@ -160,34 +160,16 @@ struct Coefs {
 };
 
 // One vector of the update: new m, v, p; returns sqrt(v) (the int8 path quantizes it).
-//
-// On AVX-512 the square root and the division go through the hardware estimates (rsqrt14,
-// rcp14) and one Newton-Raphson step each (about 24 bits): IEEE vsqrtps/vdivps on zmm share
-// one divider and made the kernel compute-bound there (measured: 7.5 GB/s per core).
-// m and v are computed exactly; the update m / denom carries a relative error of a few 1e-8,
-// the size of fp32 rounding, which moves p by lr times that.
+// Square root and division are exact IEEE operations. (Hardware estimates with a Newton step
+// were tried on the H200 host's AVX-512 cores: no gain, the loop is not divider-bound.)
 HWY_INLINE VF Update(const Coefs& c, VF g, VF& m, VF& v, VF& p) {
-  const DF df;
   g = hn::Mul(g, c.gs);
   g = hn::MulAdd(c.l2, p, g);  // coupled weight decay (l2 = 0 for AdamW)
   m = hn::MulAdd(m, c.b1, hn::Mul(g, c.omb1));
   v = hn::MulAdd(v, c.b2, hn::Mul(hn::Mul(g, g), c.omb2));
-#if HWY_TARGET != HWY_AVX3 && HWY_TARGET != HWY_AVX3_DL
-  // Exact operations: AVX2 and narrower cores divide fast enough (and the scalar targets'
-  // estimates are coarse emulations).
   const VF s = hn::Sqrt(v);
-  p = hn::NegMulAdd(c.step, hn::Div(m, hn::MulAdd(s, c.inv_sqrt_bc2, c.eps)), hn::Mul(p, c.decay));
-#else
-  // sqrt(v) = v * rsqrt(v); v = 0 gives 0 (the estimate is taken of a tiny positive floor).
-  VF y = hn::ApproximateReciprocalSqrt(hn::Max(v, hn::Set(df, 1e-37f)));
-  y = hn::Mul(y, hn::NegMulAdd(hn::Mul(hn::Mul(v, hn::Set(df, 0.5f)), y), y, hn::Set(df, 1.5f)));
-  const VF s = hn::Mul(v, y);
   const VF denom = hn::MulAdd(s, c.inv_sqrt_bc2, c.eps);
-  VF r = hn::ApproximateReciprocal(denom);
-  r = hn::Mul(r, hn::NegMulAdd(denom, r, hn::Set(df, 2.0f)));
-  p = hn::NegMulAdd(c.step, hn::Mul(m, r), hn::Mul(p, c.decay));
-#endif
-  (void)df;
+  p = hn::NegMulAdd(c.step, hn::Div(m, denom), hn::Mul(p, c.decay));
   return s;
 }
 
