@@ -374,7 +374,10 @@ void AdamRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
 // ---- the bandwidth ceiling --------------------------------------------------------------
 
 // Reads and writes exactly the bytes AdamRange does (grads read; params and state read and
-// written; copy written), with one independent add per vector instead of Adam's arithmetic.
+// written; copy written), with one XOR per vector instead of Adam's arithmetic. The value
+// XOR'ed in is masked by a.ceiling_mask, 0 at run time: the data stays intact (an update run
+// after it sees real numbers, not bit noise that could be denormal), yet the compiler cannot
+// drop the loads and stores.
 void BandwidthRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
   const hn::ScalableTag<uint8_t> d8;
   const size_t L = hn::Lanes(d8);
@@ -390,8 +393,10 @@ void BandwidthRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
   // Walk all streams together, as the update does, in units of L elements: gb vectors of
   // grads, 4 of params, sb each of m and v, cb of the copy.
   auto acc = hn::Zero(d8);
+  const auto mask = hn::Set(d8, a.ceiling_mask);
   for (size_t u = 0; u < n / L; ++u) {
     for (size_t k = 0; k < gb; ++k) acc = hn::Xor(acc, hn::LoadU(d8, g + (u * gb + k) * L));
+    acc = hn::And(acc, mask);
     for (size_t k = 0; k < 4; ++k) {
       uint8_t* q = p + (u * 4 + k) * L;
       hn::StoreU(hn::Xor(hn::LoadU(d8, q), acc), d8, q);

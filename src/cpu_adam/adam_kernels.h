@@ -30,6 +30,7 @@ struct AdamKernelArgs {
   float decay;  // 1 - lr * weight_decay for AdamW; 1 for Adam
   float grad_scale;
   uint32_t seed;  // stochastic rounding: derived from the step
+  uint8_t ceiling_mask;  // bandwidth kernel: bits it XORs into the data (0: leaves it intact)
 };
 
 /// Updates elements [begin, end). For int8 state, begin is a multiple of kInt8StateBlock.

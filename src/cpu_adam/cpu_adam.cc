@@ -1,6 +1,9 @@
 #include "zoffload/cpu_adam.h"
 
 #include <omp.h>
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -71,13 +74,32 @@ Status CheckShard(const AdamShard& s, const AdamHyper& h) {
   return Status::Ok();
 }
 
+// Denormal inputs cost microcode assists of ~100 cycles each on Intel cores; moments of
+// parameters whose gradients stay zero decay into that range (m after ~800 steps). Passes run
+// with flush-to-zero and denormals-are-zero, restored afterwards. Values below 1.2e-38 are
+// treated as 0, which changes nothing measurable in an update.
+class FlushDenormals {
+ public:
+#if defined(__x86_64__)
+  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | 0x8040); }
+  ~FlushDenormals() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#endif
+};
+
 template <typename F>
 void ForTiles(size_t n, int threads, F&& body) {
   const auto tiles = static_cast<int64_t>((n + kTile - 1) / kTile);
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const size_t begin = static_cast<size_t>(t) * kTile;
-    body(begin, std::min(n, begin + kTile));
+#pragma omp parallel num_threads(threads)
+  {
+    const FlushDenormals flush;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const size_t begin = static_cast<size_t>(t) * kTile;
+      body(begin, std::min(n, begin + kTile));
+    }
   }
 }
 
