@@ -2,6 +2,9 @@
 #pragma once
 
 #include <stdlib.h>
+#include <sys/wait.h>
+
+#include <cstdio>
 
 #include <cstring>
 #include <filesystem>
@@ -38,6 +41,24 @@ class TempDir {
 }  // namespace zoffload::testing
 
 namespace zoffload::testing {
+
+/// What a command printed (stdout and stderr) and its exit code (-1 if it did not exit).
+struct CommandResult {
+  int exit_code;
+  std::string output;
+};
+
+/// Runs a shell command line as a user would.
+inline CommandResult RunCommand(const std::string& command) {
+  std::FILE* pipe = ::popen(command.c_str(), "r");  // NOLINT(cert-env33-c): test driver
+  if (pipe == nullptr) return {-1, "popen failed"};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+  const int status = ::pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
 
 /// Deterministic pseudo-random bytes (xorshift64*), fast enough for GiB-sized buffers.
 inline void FillRandom(void* data, size_t len, uint64_t seed) {

@@ -124,19 +124,11 @@ struct TestShard {
     }
     return seen;
   }
-  float MomentM(size_t i) const {
-    const unsigned char* base = m.data() + 4 * offset;
-    if (state == StatePrecision::kFp32) {
-      float f;
-      std::memcpy(&f, base + 4 * i, 4);
-      return f;
-    }
-    uint16_t b;
-    std::memcpy(&b, base + 2 * i, 2);
-    return FromBf16(b);
-  }
-  float MomentV(size_t i) const {
-    const unsigned char* base = v.data() + 4 * offset;
+  float MomentM(size_t i) const { return Moment(m, i); }
+  float MomentV(size_t i) const { return Moment(v, i); }
+  // Element i of an fp32 or bf16 moment buffer.
+  float Moment(const std::vector<unsigned char>& buffer, size_t i) const {
+    const unsigned char* base = buffer.data() + 4 * offset;
     if (state == StatePrecision::kFp32) {
       float f;
       std::memcpy(&f, base + 4 * i, 4);

@@ -1,5 +1,4 @@
 // Runs the zoffload-bench binary as a user would, on small files.
-#include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,30 +13,18 @@
 namespace zoffload {
 namespace {
 
-struct BenchRun {
-  int exit_code;
-  std::string output;
-};
-
-BenchRun RunBench(const std::string& args) {
-  const std::string command = std::string(ZO_BENCH_BIN) + " " + args + " 2>&1";
-  std::FILE* pipe = ::popen(command.c_str(), "r");  // NOLINT(cert-env33-c): test driver
-  if (pipe == nullptr) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+testing::CommandResult RunBench(const std::string& args) {
+  return testing::RunCommand(std::string(ZO_BENCH_BIN) + " " + args + " 2>&1");
 }
 
 TEST(ZoffloadBenchTest, NvmeSweepWritesRecordsAndAParsableAioBlock) {
   testing::TempDir dir, out;
   const std::string json = out.File("records.json"), aio = out.File("aio.json");
-  BenchRun r = RunBench("nvme --path " + dir.path() +
-                        " --size 8MiB --block-size 256K,1M --queue-depth 2,4 --threads 1,2"
-                        " --op write,read --json " +
-                        json + " --write-aio-config " + aio);
+  testing::CommandResult r =
+      RunBench("nvme --path " + dir.path() +
+               " --size 8MiB --block-size 256K,1M --queue-depth 2,4 --threads 1,2"
+               " --op write,read --json " +
+               json + " --write-aio-config " + aio);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("best read"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("best write"), std::string::npos) << r.output;
@@ -67,7 +54,7 @@ TEST(ZoffloadBenchTest, NvmeTakesSettingsFromAConfig) {
       {"device": "nvme", "nvme_path": ")"
                         << dir.path() << R"("}},
       "aio": {"block_size": 524288, "queue_depth": 3, "thread_count": 2}})";
-  BenchRun r = RunBench("nvme --size 4MiB --config " + config + " --json " + json);
+  testing::CommandResult r = RunBench("nvme --size 4MiB --config " + config + " --json " + json);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream in(json);
   const auto records = nlohmann::json::parse(in);
@@ -78,7 +65,7 @@ TEST(ZoffloadBenchTest, NvmeTakesSettingsFromAConfig) {
 }
 
 TEST(ZoffloadBenchTest, ClearErrors) {
-  BenchRun missing = RunBench("nvme --path /nonexistent-zoffload --size 1MiB");
+  testing::CommandResult missing = RunBench("nvme --path /nonexistent-zoffload --size 1MiB");
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.output.find("/nonexistent-zoffload"), std::string::npos) << missing.output;
   EXPECT_EQ(RunBench("nvme --block-size 1000").exit_code, 2);

@@ -1,7 +1,6 @@
 // Runs the zoffload-report binary as a user would.
 #include <sys/wait.h>
 
-#include <array>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -14,28 +13,15 @@
 namespace zoffload {
 namespace {
 
-struct ReportRun {
-  int exit_code;
-  std::string output;  // stdout and stderr
-};
-
 // Runs the report; stderr joins stdout unless `stdout_only` (for parsing JSON).
-ReportRun RunReport(const std::string& args, bool stdout_only = false) {
-  const std::string command =
-      std::string(ZO_REPORT_BIN) + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
-  std::FILE* pipe = ::popen(command.c_str(), "r");  // NOLINT(cert-env33-c): test driver
-  if (pipe == nullptr) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = ::pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+testing::CommandResult RunReport(const std::string& args, bool stdout_only = false) {
+  return testing::RunCommand(std::string(ZO_REPORT_BIN) + " " + args +
+                             (stdout_only ? " 2>/dev/null" : " 2>&1"));
 }
 
 TEST(ZoffloadReportTest, JsonReportHasEveryCheckedSection) {
   testing::TempDir dir;
-  ReportRun r = RunReport("--json --path " + dir.path(), /*stdout_only=*/true);
+  testing::CommandResult r = RunReport("--json --path " + dir.path(), /*stdout_only=*/true);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto report = nlohmann::json::parse(r.output);
   for (const char* section :
@@ -57,7 +43,7 @@ TEST(ZoffloadReportTest, JsonReportHasEveryCheckedSection) {
 }
 
 TEST(ZoffloadReportTest, TableIsTheDefault) {
-  ReportRun r = RunReport("");
+  testing::CommandResult r = RunReport("");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("io_uring.usable"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("simd.dispatch_target"), std::string::npos) << r.output;
@@ -71,10 +57,10 @@ TEST(ZoffloadReportTest, ConfigLinter) {
   std::ofstream(bad)
       << R"({"zero_optimization": {"stage": 5, "offload_optimizer": {"devcie": "cpu"}},
                            "bf16": {"enabled": true}, "fp16": {"enabled": true}})";
-  ReportRun ok = RunReport("--config " + good);
+  testing::CommandResult ok = RunReport("--config " + good);
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_NE(ok.output.find("valid"), std::string::npos);
-  ReportRun err = RunReport("--config " + bad);
+  testing::CommandResult err = RunReport("--config " + bad);
   EXPECT_EQ(err.exit_code, 1) << err.output;
   EXPECT_NE(err.output.find(bad + ": zero_optimization.offload_optimizer.devcie: unknown key; did "
                                   "you mean 'device'?"),
@@ -84,10 +70,10 @@ TEST(ZoffloadReportTest, ConfigLinter) {
             std::string::npos)
       << err.output;
   EXPECT_NE(err.output.find("fp16 and bf16 cannot both be enabled"), std::string::npos);
-  ReportRun missing = RunReport("--config " + dir.File("none.json"));
+  testing::CommandResult missing = RunReport("--config " + dir.File("none.json"));
   EXPECT_EQ(missing.exit_code, 1);
   EXPECT_NE(missing.output.find("none.json"), std::string::npos);
-  ReportRun batch = RunReport("--world-size 3 --config " + good);
+  testing::CommandResult batch = RunReport("--world-size 3 --config " + good);
   EXPECT_EQ(batch.exit_code, 0) << batch.output;
 }
 
