@@ -137,7 +137,7 @@ struct ZoffloadSection {
   TierBudgets budgets;
   StatePrecision optimizer_state = StatePrecision::kFp32;  ///< precision of Adam's m and v
   int cpu_adam_threads = 0;  ///< OpenMP threads of the CPU optimizer; 0 = physical cores
-  std::string trace_path;  ///< when non-empty, a Chrome trace-event JSON is written here
+  std::string trace_path;    ///< when non-empty, a Chrome trace-event JSON is written here
   bool operator==(const ZoffloadSection&) const = default;
 };
 

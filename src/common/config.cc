@@ -624,7 +624,8 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
                 StrCat("must be in [1, 256], got ", aio.intra_op_parallelism));
 
   const ZoffloadSection& zs = c.zoffload;
-  check.Require(zs.cpu_adam_threads >= 0 && zs.cpu_adam_threads <= 4096, "zoffload.cpu_adam_threads",
+  check.Require(zs.cpu_adam_threads >= 0 && zs.cpu_adam_threads <= 4096,
+                "zoffload.cpu_adam_threads",
                 StrCat("must be in [0, 4096] (0 = physical cores), got ", zs.cpu_adam_threads));
   std::set<std::string> seen;
   for (size_t i = 0; i < zs.nvme_paths.size(); ++i) {

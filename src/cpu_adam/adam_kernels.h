@@ -29,7 +29,7 @@ struct AdamKernelArgs {
   float l2;     // coupled weight decay (Adam); 0 for AdamW
   float decay;  // 1 - lr * weight_decay for AdamW; 1 for Adam
   float grad_scale;
-  uint32_t seed;  // stochastic rounding: derived from the step
+  uint32_t seed;         // stochastic rounding: derived from the step
   uint8_t ceiling_mask;  // bandwidth kernel: bits it XORs into the data (0: leaves it intact)
 };
 
