@@ -259,10 +259,10 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
     const VF ur = Uniform16(df, hn::ShiftRight<16>(bits));
     const VF m = hn::Load(df, m_new + i);
     const VF cm = hn::CopySign(hn::Mul(ApproxSqrt(df, hn::Mul(hn::Abs(m), m_q)), k127), m);
-    VF qm = hn::Floor(hn::Add(cm, um));
-    VF qr = hn::Floor(hn::MulAdd(hn::Load(df, r_new + i), r_q, ur));
-    qm = hn::Min(hn::Max(qm, hn::Set(df, -127.0f)), k127);
-    qr = hn::Min(hn::Max(qr, hn::Zero(df)), hn::Set(df, 255.0f));
+    // |cm| <= 127 and r * r_q <= 255 up to the square-root estimate's error: the saturating
+    // demotes below clamp the rare code that rounds one past the end.
+    const VF qm = hn::Floor(hn::Add(cm, um));
+    const VF qr = hn::Floor(hn::MulAdd(hn::Load(df, r_new + i), r_q, ur));
     hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, qm)), d8, mq + i);
     hn::StoreU(hn::DemoteTo(du8, hn::ConvertTo(di, qr)), du8, vq + i);
   }
