@@ -123,12 +123,14 @@ HWY_INLINE VU32 RandomBits(DU32 du, VU32 lanes, uint32_t seed, size_t index) {
   return hn::Xor(x, hn::ShiftRight<16>(x));
 }
 
-// Uniform floats in [0, 1) from the low 16 bits of `bits` (ample for 8-bit codes).
-HWY_INLINE VF Uniform16(DF df, VU32 bits) {
+// floor(x + u), u uniform in [0, 1) from the low 16 bits of `bits`, as int32: in 16.16 fixed
+// point, x scaled and truncated, the random fraction added, the integer part kept by an
+// arithmetic shift (a floor, also for negative x). |x| < 32768.
+HWY_INLINE hn::Vec<DI32> StochasticFloor(DF df, VF x, VU32 bits) {
   const DU32 du;
   const DI32 di;
-  return hn::Mul(hn::ConvertTo(df, hn::BitCast(di, hn::And(bits, hn::Set(du, 0xFFFFu)))),
-                 hn::Set(df, 1.0f / 65536.0f));
+  const auto fixed = hn::ConvertTo(di, hn::Mul(x, hn::Set(df, 65536.0f)));
+  return hn::ShiftRight<16>(hn::Add(fixed, hn::BitCast(di, hn::And(bits, hn::Set(du, 0xFFFFu)))));
 }
 
 // sqrt(x) to about 12 bits, for 8-bit codes: x * rsqrt(x), with x = 0 kept at 0.
@@ -255,16 +257,14 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
   const VF k127 = hn::Set(df, 127.0f);
   for (size_t i = 0; i < kInt8StateBlock; i += N) {
     const VU32 bits = RandomBits(du, lanes, a.seed, index_base + i);
-    const VF um = Uniform16(df, bits);
-    const VF ur = Uniform16(df, hn::ShiftRight<16>(bits));
     const VF m = hn::Load(df, m_new + i);
     const VF cm = hn::CopySign(hn::Mul(ApproxSqrt(df, hn::Mul(hn::Abs(m), m_q)), k127), m);
     // |cm| <= 127 and r * r_q <= 255 up to the square-root estimate's error: the saturating
     // demotes below clamp the rare code that rounds one past the end.
-    const VF qm = hn::Floor(hn::Add(cm, um));
-    const VF qr = hn::Floor(hn::MulAdd(hn::Load(df, r_new + i), r_q, ur));
-    hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, qm)), d8, mq + i);
-    hn::StoreU(hn::DemoteTo(du8, hn::ConvertTo(di, qr)), du8, vq + i);
+    const auto qm = StochasticFloor(df, cm, bits);
+    const auto qr = StochasticFloor(df, hn::Mul(hn::Load(df, r_new + i), r_q), hn::ShiftRight<16>(bits));
+    hn::StoreU(hn::DemoteTo(d8, qm), d8, mq + i);
+    hn::StoreU(hn::DemoteTo(du8, qr), du8, vq + i);
   }
 }
 
