@@ -269,6 +269,20 @@ Result<std::vector<IoSegment>> SwapSpace::Impl::Segments(TensorEntry& t, const s
   return segments;
 }
 
+Result<SwapSpaceOptions> SwapSpaceOptions::ForOptimizerState(const Config& config) {
+  SwapSpaceOptions o;
+  o.paths = config.zoffload.nvme_paths;
+  const std::string& single = config.zero_optimization.offload_optimizer.nvme_path;
+  if (o.paths.empty() && !single.empty()) o.paths.push_back(single);
+  if (o.paths.empty()) {
+    return InvalidArgumentError(
+        "no NVMe directory configured: set zoffload.nvme_paths or "
+        "zero_optimization.offload_optimizer.nvme_path");
+  }
+  o.aio = config.aio;
+  return o;
+}
+
 SwapSpace::SwapSpace(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 SwapSpace::~SwapSpace() {

@@ -46,6 +46,10 @@ struct SwapSpaceOptions {
   bool direct_io = true;  ///< see IoEngineOptions::direct_io
   /// Test hook at the I/O seam (see IoEngineOptions).
   std::function<std::unique_ptr<IoBackend>(std::unique_ptr<IoBackend>)> wrap_backend;
+
+  /// The optimizer-state swap space a config asks for: zoffload.nvme_paths when set, else
+  /// zero_optimization.offload_optimizer.nvme_path; the aio block. Paths are used as given.
+  static Result<SwapSpaceOptions> ForOptimizerState(const Config& config);
 };
 
 class SwapSpace {

@@ -366,6 +366,25 @@ TEST_P(SwapSpaceTest, AllocateRules) {
   EXPECT_EQ((*swap)->Read("nope", 0, {}).Wait().code(), StatusCode::kNotFound);
 }
 
+TEST(SwapSpaceOptionsTest, ForOptimizerStateFollowsTheConfig) {
+  auto striped = ParseConfig(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+      {"device": "nvme", "nvme_path": "/single"}}, "zoffload": {"nvme_paths": ["/a", "/b"]},
+      "aio": {"block_size": 2097152, "queue_depth": 16}})");
+  ASSERT_TRUE(striped.ok()) << striped.status();
+  auto o = SwapSpaceOptions::ForOptimizerState(*striped);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->paths, (std::vector<std::string>{"/a", "/b"}));
+  EXPECT_EQ(o->aio.block_size, 2097152);
+  EXPECT_EQ(o->aio.queue_depth, 16);
+  auto single = ParseConfig(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
+      {"device": "nvme", "nvme_path": "/single"}}})");
+  ASSERT_TRUE(single.ok());
+  EXPECT_EQ(SwapSpaceOptions::ForOptimizerState(*single)->paths,
+            std::vector<std::string>{"/single"});
+  EXPECT_EQ(SwapSpaceOptions::ForOptimizerState(Config{}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, SwapSpaceTest,
                          ::testing::Values(IoBackendKind::kUring, IoBackendKind::kPosix),
                          [](const ::testing::TestParamInfo<IoBackendKind>& param_info) {
