@@ -53,6 +53,14 @@ int Fail(const Status& s) {
   return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
 
+Status WriteTextFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  if (!out) return Status(StatusCode::kIoError, StrCat("cannot write ", path), errno);
+  return Status::Ok();
+}
+
 void PrintNvmeTable(const std::vector<NvmeRecord>& records) {
   std::printf("\n%-6s %10s %5s %8s %10s %9s\n", "op", "block", "qd", "threads", "GB/s", "seconds");
   for (const NvmeRecord& r : records) {
@@ -98,11 +106,7 @@ Status WriteJson(const std::string& path, const std::vector<NvmeRecord>& records
                     {"backend", r.backend},
                     {"registered", r.registered}});
   }
-  std::ofstream out(path);
-  out << list.dump(2) << "\n";
-  out.close();
-  if (!out) return Status(StatusCode::kIoError, StrCat("cannot write ", path), errno);
-  return Status::Ok();
+  return WriteTextFile(path, list.dump(2) + "\n");
 }
 
 int NvmeMain(const std::vector<std::string>& args, bool short_defaults) {
@@ -198,10 +202,7 @@ int NvmeMain(const std::vector<std::string>& args, bool short_defaults) {
     if (Status s = WriteJson(json_path, *records); !s.ok()) return Fail(s);
   }
   if (!aio_out.empty()) {
-    std::ofstream out(aio_out);
-    out << AioConfigJson(aio);
-    out.close();
-    if (!out) return Fail(Status(StatusCode::kIoError, StrCat("cannot write ", aio_out), errno));
+    if (Status s = WriteTextFile(aio_out, AioConfigJson(aio)); !s.ok()) return Fail(s);
     std::printf("wrote %s\n", aio_out.c_str());
   }
   return 0;
@@ -224,11 +225,7 @@ Status WriteAdamJson(const std::string& path, const std::vector<AdamRecord>& rec
                     {"bandwidth_ratio", r.bandwidth_ratio},
                     {"target", r.target}});
   }
-  std::ofstream out(path);
-  out << list.dump(2) << "\n";
-  out.close();
-  if (!out) return Status(StatusCode::kIoError, StrCat("cannot write ", path), errno);
-  return Status::Ok();
+  return WriteTextFile(path, list.dump(2) + "\n");
 }
 
 template <typename T>

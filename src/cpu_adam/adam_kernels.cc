@@ -262,7 +262,8 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
     // |cm| <= 127 and r * r_q <= 255 up to the square-root estimate's error: the saturating
     // demotes below clamp the rare code that rounds one past the end.
     const auto qm = StochasticFloor(df, cm, bits);
-    const auto qr = StochasticFloor(df, hn::Mul(hn::Load(df, r_new + i), r_q), hn::ShiftRight<16>(bits));
+    const auto qr =
+        StochasticFloor(df, hn::Mul(hn::Load(df, r_new + i), r_q), hn::ShiftRight<16>(bits));
     hn::StoreU(hn::DemoteTo(d8, qm), d8, mq + i);
     hn::StoreU(hn::DemoteTo(du8, qr), du8, vq + i);
   }
