@@ -352,4 +352,8 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace zoffload::bench
 
-int main(int argc, char** argv) { return zoffload::bench::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // Line-buffered even into a pipe, so tables and stderr progress lines appear in order.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  return zoffload::bench::Main(argc, argv);
+}
