@@ -11,14 +11,14 @@ std::vector<SimdTarget> SimdTargets() {
   for (int i = 0; i < 63; ++i) {
     const int64_t bit = int64_t{1} << i;
     if ((HWY_TARGETS & bit) == 0) continue;
-    targets.push_back({hwy::TargetName(bit), true, (supported & bit) != 0});
+    targets.push_back({hwy::TargetName(bit), (supported & bit) != 0});
   }
   return targets;  // Highway's bit order: lower bits are the better targets.
 }
 
 std::string BestSimdTarget() {
   for (const SimdTarget& t : SimdTargets()) {
-    if (t.compiled && t.supported) return t.name;
+    if (t.supported) return t.name;
   }
   return "none";
 }

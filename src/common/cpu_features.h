@@ -9,7 +9,6 @@ namespace zoffload {
 
 struct SimdTarget {
   std::string name;  ///< Highway's name ("AVX3", "AVX2", "EMU128", ...)
-  bool compiled;     ///< code for it is in this binary
   bool supported;    ///< the CPU can run it
 };
 

@@ -22,16 +22,9 @@ double BytesPerParam(const AdamRecord& r) {
          (r.copy == ParamCopy::kNone ? 0 : 2);
 }
 
-template <typename F>
-double MedianSeconds(int runs, F&& body) {
-  std::vector<double> t;
-  for (int i = 0; i < runs; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    body(i);
-    t.push_back(SecondsSince(start));
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 }  // namespace
@@ -84,7 +77,6 @@ Result<std::vector<AdamRecord>> RunAdamBench(const AdamBenchOptions& o) {
         shard.param_copy = cp == ParamCopy::kNone ? nullptr : copy.data();
         AdamHyper h;
         h.weight_decay = 0.01f;
-        Status status;
         // Warm-up, then Adam steps and ceiling passes alternate, so that both see the same
         // memory bandwidth (it drifts between and within processes).
         ZO_RETURN_IF_ERROR(AdamUpdate(shard, h, 1.0f, threads));
@@ -92,18 +84,15 @@ Result<std::vector<AdamRecord>> RunAdamBench(const AdamBenchOptions& o) {
         std::vector<double> adam_times, ceiling_times;
         for (int i = 0; i < o.steps; ++i) {
           h.step = 2 + i;
-          adam_times.push_back(MedianSeconds(1, [&](int) {
-            Status s = AdamUpdate(shard, h, 1.0f, threads);
-            if (!s.ok()) status = s;
-          }));
-          ceiling_times.push_back(
-              MedianSeconds(1, [&](int) { AdamBandwidthCeiling(shard, threads); }));
+          auto start = std::chrono::steady_clock::now();
+          ZO_RETURN_IF_ERROR(AdamUpdate(shard, h, 1.0f, threads));
+          adam_times.push_back(SecondsSince(start));
+          start = std::chrono::steady_clock::now();
+          AdamBandwidthCeiling(shard, threads);
+          ceiling_times.push_back(SecondsSince(start));
         }
-        ZO_RETURN_IF_ERROR(status);
-        std::sort(adam_times.begin(), adam_times.end());
-        std::sort(ceiling_times.begin(), ceiling_times.end());
-        const double adam = adam_times[adam_times.size() / 2];
-        const double ceiling = ceiling_times[ceiling_times.size() / 2];
+        const double adam = Median(adam_times);
+        const double ceiling = Median(ceiling_times);
         AdamRecord r;
         r.params = n;
         r.threads = threads;
