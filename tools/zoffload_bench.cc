@@ -4,6 +4,9 @@
 //   zoffload-bench                 every profile this machine supports, short defaults
 //   zoffload-bench nvme [options]  NVMe sweep; --help lists the options
 //   zoffload-bench adam [options]  CPU Adam against the memory-bandwidth ceiling
+//   zoffload-bench pcie [options]  host<->GPU copies against plain cudaMemcpyAsync
+//   zoffload-bench kernels [opts]  GPU kernels against a device-to-device copy
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -15,16 +18,22 @@
 #include "bench/adam_profile.h"
 #include "bench/bench_util.h"
 #include "bench/nvme_profile.h"
+#include "build_info.h"
 #include "common/strings.h"
 #include "zoffload/config.h"
+#if ZO_HAVE_CUDA
+#include "bench/gpu_profile.h"
+#include "gpu/stream.h"
+#endif
 
 namespace zoffload::bench {
 namespace {
 
-constexpr const char* kUsage = R"(usage: zoffload-bench [nvme|adam] [options]
+constexpr const char* kUsage = R"(usage: zoffload-bench [nvme|adam|pcie|kernels] [options]
 
 With no subcommand: every profile this machine supports, with short defaults (a 1 GiB
-temporary file in the current directory; 32M-parameter Adam steps), then tables.
+temporary file in the current directory; 32M-parameter Adam steps; 256 MiB GPU transfers
+when a GPU is present), then tables.
 
 zoffload-bench nvme [--path DIR ...] [--size 4GiB] [--block-size 1M,4M] [--queue-depth 8,32]
                     [--threads 1,2] [--op write,read] [--single-submit] [--no-overlap-events]
@@ -46,6 +55,14 @@ zoffload-bench adam [--params 256M] [--threads N] [--grad-dtype fp32,bf16,fp16]
                     [--state fp32,bf16,int8] [--param-copy none,bf16,fp16] [--steps 5] [--json FILE]
   Times Adam steps (median) and a kernel moving the same bytes per parameter over the same
   buffers in the same process; prints Gparam/s, GB/s and their ratio (bandwidth_ratio).
+
+zoffload-bench pcie [--size 1GiB] [--repeats 5] [--json FILE]
+  Host<->GPU copies through the copy engine: H2D, D2H, both at once (pinned), each against
+  plain cudaMemcpyAsync between the same buffers measured just before; pageable memory
+  through pinned staging against CUDA's direct pageable copy.
+zoffload-bench kernels [--size 1GiB] [--repeats 5] [--json FILE]
+  Casts, gradient accumulation, gradient norm and GPU Adam over --size of input, as bytes
+  moved per second against a device-to-device cudaMemcpyAsync (read + write).
 )";
 
 int Fail(const Status& s) {
@@ -319,6 +336,68 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
   return 0;
 }
 
+int GpuMain(const std::string& profile, const std::vector<std::string>& args,
+            bool short_defaults) {
+#if ZO_HAVE_CUDA
+  GpuBenchOptions o;
+  if (short_defaults) o.bytes = uint64_t{256} << 20;
+  std::string json_path;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    if (i + 1 >= args.size()) return Fail(InvalidArgumentError(StrCat(a, " needs a value")));
+    const std::string v = args[++i];
+    if (a == "--size") {
+      if (!ParseByteSize(v, &o.bytes) || o.bytes < 4096) {
+        return Fail(InvalidArgumentError(
+            StrCat("--size: '", v, "' is not a byte count of at least 4096 such as 1GiB")));
+      }
+      o.bytes &= ~uint64_t{4095};
+    } else if (a == "--repeats") {
+      auto l = ParseIntList(a, v, 1, 1000);
+      if (!l.ok()) return Fail(l.status());
+      o.repeats = l->front();
+    } else if (a == "--json") {
+      json_path = v;
+    } else {
+      return Fail(InvalidArgumentError(StrCat("unknown option '", a, "'; see --help")));
+    }
+  }
+  if (auto gpus = UsableGpuCount(); !gpus.ok()) return Fail(gpus.status());
+  auto records = profile == "pcie" ? RunPcieBench(o) : RunKernelBench(o);
+  if (!records.ok()) return Fail(records.status());
+  std::printf("\n%-22s %10s %9s %10s %8s  %s\n", "test", "bytes", "GB/s", "anchor", "ratio",
+              "anchor is");
+  for (const GpuRecord& r : *records) {
+    std::printf("%-22s %10s %9.2f %10.2f %8.3f  %s\n", r.test.c_str(), ShortBytes(r.bytes).c_str(),
+                r.gbps, r.anchor_gbps, r.ratio, r.anchor.c_str());
+  }
+  if (!json_path.empty()) {
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const GpuRecord& r : *records) {
+      list.push_back({{"profile", r.profile},
+                      {"test", r.test},
+                      {"bytes", r.bytes},
+                      {"seconds", r.seconds},
+                      {"GBps", r.gbps},
+                      {"anchor", r.anchor},
+                      {"anchor_GBps", r.anchor_gbps},
+                      {"ratio", r.ratio}});
+    }
+    if (Status s = WriteTextFile(json_path, list.dump(2) + "\n"); !s.ok()) return Fail(s);
+  }
+  return 0;
+#else
+  (void)args;
+  (void)short_defaults;
+  return Fail(FailedPreconditionError(
+      StrCat("zoffload-bench ", profile, ": this build has no CUDA (CPU-only)")));
+#endif
+}
+
 int Main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) {
@@ -331,14 +410,19 @@ int Main(int argc, char** argv) {
   if (!args.empty() && args[0] == "adam") {
     return AdamMain(std::vector<std::string>(args.begin() + 1, args.end()), false);
   }
+  if (!args.empty() && (args[0] == "pcie" || args[0] == "kernels")) {
+    return GpuMain(args[0], std::vector<std::string>(args.begin() + 1, args.end()), false);
+  }
   if (!args.empty() && args[0].rfind("--", 0) != 0) {
-    std::fprintf(stderr, "zoffload-bench: unknown profile '%s' (available: nvme, adam)\n%s",
+    std::fprintf(stderr,
+                 "zoffload-bench: unknown profile '%s' (available: nvme, adam, pcie, kernels)\n%s",
                  args[0].c_str(), kUsage);
     return 2;
   }
   // Every profile this machine supports, short defaults.
   if (!args.empty()) {
-    std::fprintf(stderr, "zoffload-bench: options go after a profile name (nvme, adam)\n%s",
+    std::fprintf(stderr,
+                 "zoffload-bench: options go after a profile name (nvme, adam, pcie, kernels)\n%s",
                  kUsage);
     return 2;
   }
@@ -346,7 +430,20 @@ int Main(int argc, char** argv) {
   const int nvme = NvmeMain({}, true);
   std::printf("\n== adam (32M parameters, all physical cores) ==\n");
   const int adam = AdamMain({}, true);
-  return nvme != 0 ? nvme : adam;
+  int gpu = 0;
+#if ZO_HAVE_CUDA
+  if (auto gpus = UsableGpuCount(); gpus.ok()) {
+    std::printf("\n== pcie (256 MiB transfers) ==\n");
+    gpu = GpuMain("pcie", {}, true);
+    std::printf("\n== kernels (256 MiB inputs) ==\n");
+    gpu = std::max(gpu, GpuMain("kernels", {}, true));
+  } else {
+    std::printf("\n== pcie, kernels: skipped (%s) ==\n", gpus.status().message().c_str());
+  }
+#else
+  std::printf("\n== pcie, kernels: skipped (this build has no CUDA) ==\n");
+#endif
+  return nvme != 0 ? nvme : adam != 0 ? adam : gpu;
 }
 
 }  // namespace

@@ -115,4 +115,23 @@ Status Topology::BindThisThreadToNumaNode(int node) const {
   return Status::Ok();
 }
 
+Status Topology::BindThisThreadMemoryToNumaNode(int node) const {
+  if (node < 0) {
+    hwloc_bitmap_t all = hwloc_bitmap_dup(hwloc_topology_get_topology_nodeset(impl_->topology));
+    const int rc = hwloc_set_membind(impl_->topology, all, HWLOC_MEMBIND_DEFAULT,
+                                     HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET);
+    hwloc_bitmap_free(all);
+    if (rc != 0) return StatusFromErrno(errno, "reset thread memory policy");
+    return Status::Ok();
+  }
+  hwloc_obj_t obj =
+      hwloc_get_obj_by_type(impl_->topology, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(node));
+  if (obj == nullptr) return InvalidArgumentError(StrCat("no NUMA node ", node));
+  if (hwloc_set_membind(impl_->topology, obj->nodeset, HWLOC_MEMBIND_BIND,
+                        HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET) != 0) {
+    return StatusFromErrno(errno, StrCat("bind thread memory to NUMA node ", node));
+  }
+  return Status::Ok();
+}
+
 }  // namespace zoffload

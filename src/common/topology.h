@@ -40,6 +40,10 @@ class Topology {
   /// Binds the calling thread to the cores of NUMA node `node`.
   Status BindThisThreadToNumaNode(int node) const;
 
+  /// Makes the calling thread's new pages come from NUMA node `node` (-1: the default
+  /// policy again). Pinned buffers for a GPU are allocated under this policy.
+  Status BindThisThreadMemoryToNumaNode(int node) const;
+
  private:
   struct Impl;
   explicit Topology(std::unique_ptr<Impl> impl);

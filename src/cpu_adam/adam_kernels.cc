@@ -149,15 +149,15 @@ HWY_INLINE VF ApproxSqrt(DF df, VF x) {
 struct Coefs {
   VF b1, omb1, b2, omb2, step, inv_sqrt_bc2, eps, l2, decay, gs;
   explicit Coefs(DF df, const AdamKernelArgs& a)
-      : b1(hn::Set(df, a.beta1)),
-        omb1(hn::Set(df, a.one_minus_beta1)),
-        b2(hn::Set(df, a.beta2)),
-        omb2(hn::Set(df, a.one_minus_beta2)),
-        step(hn::Set(df, a.step_size)),
-        inv_sqrt_bc2(hn::Set(df, a.inv_sqrt_bc2)),
-        eps(hn::Set(df, a.eps)),
-        l2(hn::Set(df, a.l2)),
-        decay(hn::Set(df, a.decay)),
+      : b1(hn::Set(df, a.c.beta1)),
+        omb1(hn::Set(df, a.c.one_minus_beta1)),
+        b2(hn::Set(df, a.c.beta2)),
+        omb2(hn::Set(df, a.c.one_minus_beta2)),
+        step(hn::Set(df, a.c.step_size)),
+        inv_sqrt_bc2(hn::Set(df, a.c.inv_sqrt_bc2)),
+        eps(hn::Set(df, a.c.eps)),
+        l2(hn::Set(df, a.c.l2)),
+        decay(hn::Set(df, a.c.decay)),
         gs(hn::Set(df, a.grad_scale)) {}
 };
 

@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <string>
 
+#include "cpu_adam/adam_math.h"
 #include "zoffload/cpu_adam.h"
 
 namespace zoffload::internal {
+
 
 /// Everything a kernel needs; pointers are the shard's (whole arrays, indexed by element).
 struct AdamKernelArgs {
@@ -21,13 +23,7 @@ struct AdamKernelArgs {
   DType grad_type;
   StatePrecision state;
   ParamCopy copy_type;
-  // Per-step coefficients, computed once in float64 and rounded to float.
-  float beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float step_size;     // lr / (1 - beta1^t)
-  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
-  float eps;
-  float l2;     // coupled weight decay (Adam); 0 for AdamW
-  float decay;  // 1 - lr * weight_decay for AdamW; 1 for Adam
+  AdamCoefficients c;
   float grad_scale;
   uint32_t seed;         // stochastic rounding: derived from the step
   uint8_t ceiling_mask;  // bandwidth kernel: bits it XORs into the data (0: leaves it intact)

@@ -15,6 +15,28 @@
 #include "cpu_adam/adam_kernels.h"
 
 namespace zoffload {
+namespace internal {
+
+AdamCoefficients MakeAdamCoefficients(const AdamHyper& h) {
+  const double t = static_cast<double>(h.step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), t);
+  AdamCoefficients c{};
+  c.beta1 = h.beta1;
+  c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  c.beta2 = h.beta2;
+  c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  c.step_size = static_cast<float>(h.lr / bc1);
+  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.eps = h.eps;
+  c.l2 = h.decoupled_weight_decay ? 0.0f : h.weight_decay;
+  c.decay = h.decoupled_weight_decay
+                ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay)
+                : 1.0f;
+  return c;
+}
+
+}  // namespace internal
 
 namespace {
 
@@ -39,20 +61,7 @@ internal::AdamKernelArgs MakeArgs(const AdamShard& s, const AdamHyper& h, float 
   a.grad_type = s.grad_dtype;
   a.state = s.state;
   a.copy_type = s.copy;
-  const double t = static_cast<double>(h.step);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), t);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), t);
-  a.beta1 = h.beta1;
-  a.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
-  a.beta2 = h.beta2;
-  a.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-  a.step_size = static_cast<float>(h.lr / bc1);
-  a.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  a.eps = h.eps;
-  a.l2 = h.decoupled_weight_decay ? 0.0f : h.weight_decay;
-  a.decay = h.decoupled_weight_decay
-                ? static_cast<float>(1.0 - static_cast<double>(h.lr) * h.weight_decay)
-                : 1.0f;
+  a.c = internal::MakeAdamCoefficients(h);
   a.grad_scale = grad_scale;
   a.seed = static_cast<uint32_t>(h.step) * 0x9E3779B9u + 0x7F4A7C15u;
   return a;
@@ -200,11 +209,8 @@ Result<AdamStepResult> AdamStep(std::span<const AdamShard> shards, const AdamHyp
     result.skipped = true;  // overflow: nothing is written
     return result;
   }
-  result.grad_norm = norm.l2 / loss_scale;
-  if (max_grad_norm > 0 && result.grad_norm > max_grad_norm) {
-    result.clip_coef = static_cast<float>(max_grad_norm / (result.grad_norm + 1e-6));
-  }
-  const float grad_scale = static_cast<float>(static_cast<double>(result.clip_coef) / loss_scale);
+  const float grad_scale = internal::ClipAndUnscale(norm.l2, loss_scale, max_grad_norm,
+                                                    &result.grad_norm, &result.clip_coef);
   for (const AdamShard& s : shards) ZO_RETURN_IF_ERROR(AdamUpdate(s, hyper, grad_scale, threads));
   return result;
 }

@@ -22,6 +22,15 @@ std::string ReadSysfsLine(const std::string& path) {
 
 }  // namespace
 
+Result<std::string> PciBusIdOf(int device) {
+  char bus_id[32] = {};
+  ZO_CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device));
+  std::string id = bus_id;
+  std::transform(id.begin(), id.end(), id.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return id;
+}
+
 int CudaRuntimeVersion() {
   int version = 0;
   return cudaRuntimeGetVersion(&version) == cudaSuccess ? version : 0;
@@ -53,11 +62,7 @@ Result<GpuReport> ProbeGpus() {
     info.name = prop.name;
     info.compute_major = prop.major;
     info.compute_minor = prop.minor;
-    char bus_id[32] = {};
-    ZO_CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), i));
-    info.pci_bus_id = bus_id;
-    std::transform(info.pci_bus_id.begin(), info.pci_bus_id.end(), info.pci_bus_id.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    ZO_ASSIGN_OR_RETURN(info.pci_bus_id, PciBusIdOf(i));
     ZO_CUDA_RETURN_IF_ERROR(cudaSetDevice(i));
     size_t free_bytes = 0, total_bytes = 0;
     ZO_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));

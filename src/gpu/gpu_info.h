@@ -29,6 +29,10 @@ struct GpuReport {
 /// (FAILED_PRECONDITION: "no GPU: ...").
 Result<GpuReport> ProbeGpus();
 
+/// The PCI bus id of CUDA device `device`, lower case ("0000:3b:00.0"), as hwloc and sysfs
+/// spell it.
+Result<std::string> PciBusIdOf(int device);
+
 /// NCCL's version ("2.28.3"), from ncclGetVersion.
 Result<std::string> NcclVersion();
 

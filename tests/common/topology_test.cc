@@ -1,6 +1,7 @@
 #include "common/topology.h"
 
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -22,6 +23,17 @@ TEST(TopologyTest, BindsToANode) {
   ASSERT_TRUE(topo.ok());
   EXPECT_TRUE(topo->BindThisThreadToNumaNode(0).ok());
   EXPECT_EQ(topo->BindThisThreadToNumaNode(topo->NumaNodes()).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(TopologyTest, BindsMemoryToANodeAndBack) {
+  auto topo = Topology::Load();
+  ASSERT_TRUE(topo.ok());
+  ASSERT_TRUE(topo->BindThisThreadMemoryToNumaNode(0).ok());
+  std::vector<char> touched(1 << 20, 1);  // pages come from node 0 now
+  EXPECT_EQ(touched[12345], 1);
+  EXPECT_TRUE(topo->BindThisThreadMemoryToNumaNode(-1).ok());
+  EXPECT_EQ(topo->BindThisThreadMemoryToNumaNode(topo->NumaNodes()).code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(TopologyTest, UnknownPciDeviceIsNotFound) {

@@ -2,6 +2,7 @@
 # On the GPU machine (no package registry there): unpack the Debian packages carried in .deps/
 # (made here by ../shared/gpu-machine/prepare-debs.sh) into a prefix, build, run the gpu-labelled
 # tests, then any extra command given as arguments (e.g. a benchmark), with the same environment.
+# Exits with the tests' status, or the extra command's when the tests passed.
 #   tools/gpu/run-gpu-tests.sh [command ...]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -14,5 +15,8 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RE
   -DCMAKE_PREFIX_PATH="$P/usr" -DCMAKE_CUDA_ARCHITECTURES=90 > build-gpu.log 2>&1 \
   || { cat build-gpu.log; exit 1; }
 cmake --build build-gpu -j16 >> build-gpu.log 2>&1 || { tail -50 build-gpu.log; exit 1; }
-ctest --test-dir build-gpu -L gpu --output-on-failure
-if [ $# -gt 0 ]; then "$@"; fi
+tests=0
+ctest --test-dir build-gpu -L gpu --output-on-failure || tests=$?
+extra=0
+if [ $# -gt 0 ]; then "$@" || extra=$?; fi
+exit $((tests != 0 ? tests : extra))

@@ -1,0 +1,106 @@
+#include "gpu/stream.h"
+
+#include <utility>
+
+#include "common/log.h"
+#include "common/strings.h"
+#include "gpu/cuda_status.h"
+
+namespace zoffload {
+
+CudaEvent::~CudaEvent() {
+  if (event_ != nullptr) {
+    const cudaError_t err = cudaEventDestroy(event_);
+    if (err != cudaSuccess) Log(LogLevel::kWarning, StrCat("cudaEventDestroy: ", cudaGetErrorString(err)));
+  }
+}
+
+CudaEvent::CudaEvent(CudaEvent&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+
+CudaEvent& CudaEvent::operator=(CudaEvent&& other) noexcept {
+  if (this != &other) {
+    CudaEvent dying(std::move(*this));
+    event_ = std::exchange(other.event_, nullptr);
+  }
+  return *this;
+}
+
+Result<CudaEvent> CudaEvent::Create(bool timing) {
+  cudaEvent_t event = nullptr;
+  ZO_CUDA_RETURN_IF_ERROR(
+      cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming));
+  return CudaEvent(event);
+}
+
+Status CudaEvent::Record(cudaStream_t stream) {
+  ZO_CUDA_RETURN_IF_ERROR(cudaEventRecord(event_, stream));
+  return Status::Ok();
+}
+
+Result<bool> CudaEvent::Done() const {
+  const cudaError_t err = cudaEventQuery(event_);
+  if (err == cudaErrorNotReady) return false;
+  ZO_CUDA_RETURN_IF_ERROR(err);
+  return true;
+}
+
+Status CudaEvent::Synchronize() const {
+  ZO_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(event_));
+  return Status::Ok();
+}
+
+Result<float> CudaEvent::ElapsedMs(const CudaEvent& start, const CudaEvent& end) {
+  float ms = 0;
+  ZO_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.event_, end.event_));
+  return ms;
+}
+
+CudaStream::~CudaStream() {
+  if (stream_ != nullptr) {
+    const cudaError_t err = cudaStreamDestroy(stream_);
+    if (err != cudaSuccess) {
+      Log(LogLevel::kWarning, StrCat("cudaStreamDestroy: ", cudaGetErrorString(err)));
+    }
+  }
+}
+
+CudaStream::CudaStream(CudaStream&& other) noexcept
+    : stream_(std::exchange(other.stream_, nullptr)) {}
+
+CudaStream& CudaStream::operator=(CudaStream&& other) noexcept {
+  if (this != &other) {
+    CudaStream dying(std::move(*this));
+    stream_ = std::exchange(other.stream_, nullptr);
+  }
+  return *this;
+}
+
+Result<CudaStream> CudaStream::Create(int priority) {
+  cudaStream_t stream = nullptr;
+  ZO_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, priority));
+  return CudaStream(stream);
+}
+
+Status CudaStream::Synchronize() const {
+  ZO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status::Ok();
+}
+
+Status OrderAfter(cudaStream_t waiter, cudaStream_t producer, CudaEvent& event) {
+  if (waiter == producer) return Status::Ok();
+  ZO_RETURN_IF_ERROR(event.Record(producer));
+  ZO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(waiter, event.get(), 0));
+  return Status::Ok();
+}
+
+Result<int> UsableGpuCount() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    return CudaStatus(err, "cudaGetDeviceCount(&count)", __FILE__, __LINE__).WithContext("no GPU");
+  }
+  if (count == 0) return FailedPreconditionError("no GPU: the driver reports 0 devices");
+  return count;
+}
+
+}  // namespace zoffload
