@@ -336,8 +336,7 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
   return 0;
 }
 
-int GpuMain(const std::string& profile, const std::vector<std::string>& args,
-            bool short_defaults) {
+int GpuMain(const std::string& profile, const std::vector<std::string>& args, bool short_defaults) {
 #if ZO_HAVE_CUDA
   GpuBenchOptions o;
   if (short_defaults) o.bytes = uint64_t{256} << 20;

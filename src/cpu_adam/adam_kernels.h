@@ -10,7 +10,6 @@
 
 namespace zoffload::internal {
 
-
 /// Everything a kernel needs; pointers are the shard's (whole arrays, indexed by element).
 struct AdamKernelArgs {
   float* p;

@@ -27,9 +27,8 @@ AdamCoefficients MakeAdamCoefficients(const AdamHyper& hyper);
 
 /// The clipping decision of a step from the raw (still loss-scaled) gradient norm: sets
 /// *grad_norm (unscaled) and *clip_coef, returns the gradient scale clip_coef / loss_scale.
-ZO_HOST_DEVICE inline float ClipAndUnscale(double raw_norm, float loss_scale,
-                                           float max_grad_norm, double* grad_norm,
-                                           float* clip_coef) {
+ZO_HOST_DEVICE inline float ClipAndUnscale(double raw_norm, float loss_scale, float max_grad_norm,
+                                           double* grad_norm, float* clip_coef) {
   *grad_norm = raw_norm / loss_scale;
   *clip_coef = 1.0f;
   if (max_grad_norm > 0 && *grad_norm > max_grad_norm) {

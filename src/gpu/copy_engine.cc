@@ -29,10 +29,10 @@ Status CopyToken::OrderBefore(cudaStream_t consumer) const {
 Result<std::unique_ptr<CopyEngine>> CopyEngine::Create(PinnedPool& pool,
                                                        const CopyEngineOptions& options) {
   if (options.chunk_bytes < 4096 || options.staging_buffers < 2 || options.staging_threads < 1) {
-    return InvalidArgumentError(StrCat(
-        "CopyEngine: chunk_bytes must be >= 4096 (got ", options.chunk_bytes,
-        "), staging_buffers >= 2 (got ", options.staging_buffers, "), staging_threads >= 1 (got ",
-        options.staging_threads, ")"));
+    return InvalidArgumentError(StrCat("CopyEngine: chunk_bytes must be >= 4096 (got ",
+                                       options.chunk_bytes, "), staging_buffers >= 2 (got ",
+                                       options.staging_buffers, "), staging_threads >= 1 (got ",
+                                       options.staging_threads, ")"));
   }
   std::unique_ptr<CopyEngine> engine(new CopyEngine());
   engine->options_ = options;

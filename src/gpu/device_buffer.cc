@@ -37,10 +37,10 @@ Result<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
     size_t free_bytes = 0, total_bytes = 0;
     const bool known = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
     return CudaStatus(err, "cudaMalloc", __FILE__, __LINE__)
-        .WithContext(StrCat("device memory: cannot allocate ", HumanBytes(bytes),
-                            known ? StrCat(" (", HumanBytes(free_bytes), " free of ",
-                                           HumanBytes(total_bytes), ")")
-                                  : std::string()));
+        .WithContext(StrCat(
+            "device memory: cannot allocate ", HumanBytes(bytes),
+            known ? StrCat(" (", HumanBytes(free_bytes), " free of ", HumanBytes(total_bytes), ")")
+                  : std::string()));
   }
   return DeviceBuffer(data, bytes);
 }

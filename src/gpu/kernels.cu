@@ -25,8 +25,8 @@ Result<int> GridFor(size_t items, int max_blocks) {
   ZO_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   ZO_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const size_t wanted = std::max<size_t>(1, (items + kThreads - 1) / kThreads);
-  return static_cast<int>(std::min<size_t>({wanted, static_cast<size_t>(sms) * 8,
-                                            static_cast<size_t>(max_blocks)}));
+  return static_cast<int>(
+      std::min<size_t>({wanted, static_cast<size_t>(sms) * 8, static_cast<size_t>(max_blocks)}));
 }
 
 bool Aligned(const void* p, uintptr_t alignment) {
@@ -112,17 +112,39 @@ __device__ __forceinline__ void Store8(void* p, size_t i, const float x[8]) {
   }
 }
 
+// Elements [i, i + 4): one 16-byte (fp32) or 8-byte (16-bit) access; i % 4 == 0.
+template <DType kT>
+__device__ __forceinline__ void Load4(const void* p, size_t i, float x[4]) {
+  if constexpr (kT == DType::kFp32) {
+    const float4 a = static_cast<const float4*>(p)[i / 4];
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+  } else {
+    const uint2 u = static_cast<const uint2*>(p)[i / 4];
+    x[0] = FromBits16<kT>(u.x & 0xFFFFu), x[1] = FromBits16<kT>(u.x >> 16);
+    x[2] = FromBits16<kT>(u.y & 0xFFFFu), x[3] = FromBits16<kT>(u.y >> 16);
+  }
+}
+
 // ---- casts and accumulation -------------------------------------------------------------
 
+// Narrowing casts move 8 elements per access (16-byte fp32 loads, 16-byte stores); widening
+// ones 4 (8-byte loads, 16-byte stores), so that a warp's stores stay contiguous.
 template <DType kS, DType kD>
 __global__ void CastKernel(const void* src, void* dst, size_t n, bool vector) {
   const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  const size_t vector_end = vector ? n / 8 * 8 : 0;
-  for (size_t i = tid * 8; i < vector_end; i += stride * 8) {
-    float x[8];
-    Load8<kS>(src, i, x);
-    Store8<kD>(dst, i, x);
+  constexpr size_t kWidth = kD == DType::kFp32 ? 4 : 8;
+  const size_t vector_end = vector ? n / kWidth * kWidth : 0;
+  for (size_t i = tid * kWidth; i < vector_end; i += stride * kWidth) {
+    if constexpr (kWidth == 4) {
+      float x[4];
+      Load4<kS>(src, i, x);
+      static_cast<float4*>(dst)[i / 4] = make_float4(x[0], x[1], x[2], x[3]);
+    } else {
+      float x[8];
+      Load8<kS>(src, i, x);
+      Store8<kD>(dst, i, x);
+    }
   }
   for (size_t i = vector_end + tid; i < n; i += stride) StoreOne<kD>(dst, i, LoadOne<kS>(src, i));
 }
@@ -131,14 +153,13 @@ template <DType kG>
 __global__ void AccumulateKernel(float* acc, const void* grad, size_t n, bool vector) {
   const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
-  const size_t vector_end = vector ? n / 8 * 8 : 0;
-  for (size_t i = tid * 8; i < vector_end; i += stride * 8) {
-    float a[8], g[8];
-    Load8<DType::kFp32>(acc, i, a);
-    Load8<kG>(grad, i, g);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) a[k] += g[k];
-    Store8<DType::kFp32>(acc, i, a);
+  const size_t vector_end = vector ? n / 4 * 4 : 0;
+  for (size_t i = tid * 4; i < vector_end; i += stride * 4) {
+    float4 a = reinterpret_cast<const float4*>(acc)[i / 4];
+    float g[4];
+    Load4<kG>(grad, i, g);
+    a.x += g[0], a.y += g[1], a.z += g[2], a.w += g[3];
+    reinterpret_cast<float4*>(acc)[i / 4] = a;
   }
   for (size_t i = vector_end + tid; i < n; i += stride) acc[i] += LoadOne<kG>(grad, i);
 }
@@ -146,7 +167,7 @@ __global__ void AccumulateKernel(float* acc, const void* grad, size_t n, bool ve
 template <typename Kernel>
 Status Launch(Kernel kernel, size_t n, cudaStream_t stream, auto... args) {
   if (n == 0) return Status::Ok();
-  ZO_ASSIGN_OR_RETURN(const int grid, GridFor((n + 7) / 8, 1 << 20));
+  ZO_ASSIGN_OR_RETURN(const int grid, GridFor((n + 3) / 4, 1 << 20));
   kernel<<<grid, kThreads, 0, stream>>>(args...);
   ZO_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::Ok();
@@ -213,7 +234,8 @@ __global__ void __launch_bounds__(kThreads) NormKernel(const NormLaunch launch, 
 #pragma unroll
       for (int k = 0; k < 8; ++k) AddSquare<kT>(x[k], sum, bad);
     }
-    for (size_t i = vector_end + tid; i < n; i += stride) AddSquare<kT>(LoadOne<kT>(p, i), sum, bad);
+    for (size_t i = vector_end + tid; i < n; i += stride)
+      AddSquare<kT>(LoadOne<kT>(p, i), sum, bad);
   }
   sum = BlockSum(sum);
   bad = BlockSum(bad);
@@ -270,18 +292,6 @@ __device__ __forceinline__ void AdamOne(const internal::AdamCoefficients& c, flo
   p = __fmaf_rn(-c.step_size, __fdiv_rn(m, denom), __fmul_rn(p, c.decay));
 }
 
-template <DType kG>
-__device__ __forceinline__ void LoadGrad4(const void* g, size_t i, float x[4]) {
-  if constexpr (kG == DType::kFp32) {
-    const float4 a = static_cast<const float4*>(g)[i / 4];
-    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
-  } else {
-    const uint2 u = static_cast<const uint2*>(g)[i / 4];
-    x[0] = FromBits16<kG>(u.x & 0xFFFFu), x[1] = FromBits16<kG>(u.x >> 16);
-    x[2] = FromBits16<kG>(u.y & 0xFFFFu), x[3] = FromBits16<kG>(u.y >> 16);
-  }
-}
-
 template <ParamCopy kC>
 constexpr DType kCopyType = kC == ParamCopy::kFp16 ? DType::kFp16 : DType::kBf16;
 
@@ -294,26 +304,26 @@ __global__ void __launch_bounds__(kThreads) AdamKernel(const AdamLaunch launch) 
   }
   double grad_norm;
   float clip_coef;
-  const float gs = internal::ClipAndUnscale(
-      raw_norm, launch.loss_scale, launch.norm != nullptr ? launch.max_grad_norm : 0.0f,
-      &grad_norm, &clip_coef);
+  const float gs = internal::ClipAndUnscale(raw_norm, launch.loss_scale,
+                                            launch.norm != nullptr ? launch.max_grad_norm : 0.0f,
+                                            &grad_norm, &clip_coef);
   const internal::AdamCoefficients c = launch.c;
   const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (int t = 0; t < launch.count; ++t) {
     const GpuAdamTensor& T = launch.tensors[t];
-    const bool vector = reinterpret_cast<uintptr_t>(T.params) % 16 == 0 &&
-                        reinterpret_cast<uintptr_t>(T.m) % 16 == 0 &&
-                        reinterpret_cast<uintptr_t>(T.v) % 16 == 0 &&
-                        reinterpret_cast<uintptr_t>(T.grads) % (kG == DType::kFp32 ? 16 : 8) == 0 &&
-                        (kC == ParamCopy::kNone || reinterpret_cast<uintptr_t>(T.param_copy) % 8 == 0);
+    const bool vector =
+        reinterpret_cast<uintptr_t>(T.params) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(T.m) % 16 == 0 && reinterpret_cast<uintptr_t>(T.v) % 16 == 0 &&
+        reinterpret_cast<uintptr_t>(T.grads) % (kG == DType::kFp32 ? 16 : 8) == 0 &&
+        (kC == ParamCopy::kNone || reinterpret_cast<uintptr_t>(T.param_copy) % 8 == 0);
     const size_t vector_end = vector ? T.n / 4 * 4 : 0;
     for (size_t i = tid * 4; i < vector_end; i += stride * 4) {
       float4 p4 = reinterpret_cast<const float4*>(T.params)[i / 4];
       float4 m4 = reinterpret_cast<const float4*>(T.m)[i / 4];
       float4 v4 = reinterpret_cast<const float4*>(T.v)[i / 4];
       float g[4];
-      LoadGrad4<kG>(T.grads, i, g);
+      Load4<kG>(T.grads, i, g);
       AdamOne(c, gs, g[0], m4.x, v4.x, p4.x);
       AdamOne(c, gs, g[1], m4.y, v4.y, p4.y);
       AdamOne(c, gs, g[2], m4.z, v4.z, p4.z);

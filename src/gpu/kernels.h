@@ -25,8 +25,7 @@ Status Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t n
             cudaStream_t stream);
 
 /// acc[i] += grad[i] in fp32 (micro-batch gradient accumulation).
-Status AccumulateGrad(float* acc, const void* grad, DType grad_type, size_t n,
-                      cudaStream_t stream);
+Status AccumulateGrad(float* acc, const void* grad, DType grad_type, size_t n, cudaStream_t stream);
 
 /// One tensor of a multi-tensor launch (device memory).
 struct DeviceSpan {

@@ -142,8 +142,7 @@ Status NcclComm::AllGather(const void* send, void* recv, size_t send_count, DTyp
 
 Status NcclComm::Broadcast(const void* send, void* recv, size_t count, DType dtype, int root,
                            cudaStream_t stream) {
-  ZO_NCCL_RETURN_IF_ERROR(
-      ncclBroadcast(send, recv, count, NcclType(dtype), root, comm_, stream));
+  ZO_NCCL_RETURN_IF_ERROR(ncclBroadcast(send, recv, count, NcclType(dtype), root, comm_, stream));
   return Status::Ok();
 }
 

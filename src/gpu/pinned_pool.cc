@@ -203,8 +203,8 @@ Result<PinnedBuffer> PinnedPool::Allocate(size_t bytes) {
     }
     return CudaStatus(err, "cudaHostAlloc", __FILE__, __LINE__)
         .WithContext(StrCat("pinned pool: cannot pin ", HumanBytes(block), " (",
-                            HumanBytes(in_use_bytes()), " in use, budget ",
-                            HumanBytes(s.budget), ", ulimit -l ", MemlockLimit(), ")"));
+                            HumanBytes(in_use_bytes()), " in use, budget ", HumanBytes(s.budget),
+                            ", ulimit -l ", MemlockLimit(), ")"));
   }
   return PinnedBuffer(state_, static_cast<std::byte*>(data), bytes, block);
 }

@@ -11,7 +11,8 @@ namespace zoffload {
 CudaEvent::~CudaEvent() {
   if (event_ != nullptr) {
     const cudaError_t err = cudaEventDestroy(event_);
-    if (err != cudaSuccess) Log(LogLevel::kWarning, StrCat("cudaEventDestroy: ", cudaGetErrorString(err)));
+    if (err != cudaSuccess)
+      Log(LogLevel::kWarning, StrCat("cudaEventDestroy: ", cudaGetErrorString(err)));
   }
 }
 

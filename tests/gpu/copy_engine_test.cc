@@ -22,8 +22,8 @@ class CopyEngineTest : public ::testing::TestWithParam<size_t> {
     auto pool = PinnedPool::Create({.budget_bytes = uint64_t{512} << 20});
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = std::make_unique<PinnedPool>(std::move(*pool));
-    auto engine = CopyEngine::Create(*pool_, {.chunk_bytes = kChunk, .staging_buffers = 2,
-                                              .staging_threads = 4});
+    auto engine = CopyEngine::Create(
+        *pool_, {.chunk_bytes = kChunk, .staging_buffers = 2, .staging_threads = 4});
     ASSERT_TRUE(engine.ok()) << engine.status();
     engine_ = std::move(*engine);
   }
@@ -77,8 +77,8 @@ TEST_P(CopyEngineTest, PageableRoundTripThroughStaging) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, CopyEngineTest,
-                         ::testing::Values(1, 4095, kChunk - 1, kChunk, kChunk + 1,
-                                           3 * kChunk + 5, (size_t{64} << 20) + 3));
+                         ::testing::Values(1, 4095, kChunk - 1, kChunk, kChunk + 1, 3 * kChunk + 5,
+                                           (size_t{64} << 20) + 3));
 
 TEST(CopyEngineOrderTest, BothDirectionsAtOnceAndCallerStreamOrdering) {
   ZO_SKIP_WITHOUT_GPU();
@@ -102,8 +102,8 @@ TEST(CopyEngineOrderTest, BothDirectionsAtOnceAndCallerStreamOrdering) {
   // The caller's stream then consumes the upload.
   ASSERT_TRUE(up->OrderBefore(caller->get()).ok());
   std::vector<uint8_t> check(kBytes);
-  ZO_ASSERT_CUDA(cudaMemcpyAsync(check.data(), up_dev.data(), kBytes, cudaMemcpyDeviceToHost,
-                                 caller->get()));
+  ZO_ASSERT_CUDA(
+      cudaMemcpyAsync(check.data(), up_dev.data(), kBytes, cudaMemcpyDeviceToHost, caller->get()));
   ASSERT_TRUE(caller->Synchronize().ok());
   ASSERT_TRUE(down->Wait().ok());
   EXPECT_EQ(std::vector<uint8_t>(down_dst->as<uint8_t>(), down_dst->as<uint8_t>() + kBytes),

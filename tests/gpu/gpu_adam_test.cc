@@ -59,17 +59,16 @@ class GpuAdamTest : public ::testing::TestWithParam<Case> {
   void SetUp() override { ZO_SKIP_WITHOUT_GPU(); }
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    Paths, GpuAdamTest,
-    ::testing::Values(Case{DType::kFp32, ParamCopy::kNone, true},
-                      Case{DType::kFp32, ParamCopy::kNone, false},
-                      Case{DType::kBf16, ParamCopy::kBf16, true},
-                      Case{DType::kFp16, ParamCopy::kFp16, true}),
-    [](const ::testing::TestParamInfo<Case>& param_info) {
-      return std::string(ToString(param_info.param.grad)) + "_copy_" +
-             std::string(ToString(param_info.param.copy)) +
-             (param_info.param.decoupled ? "_adamw" : "_adam");
-    });
+INSTANTIATE_TEST_SUITE_P(Paths, GpuAdamTest,
+                         ::testing::Values(Case{DType::kFp32, ParamCopy::kNone, true},
+                                           Case{DType::kFp32, ParamCopy::kNone, false},
+                                           Case{DType::kBf16, ParamCopy::kBf16, true},
+                                           Case{DType::kFp16, ParamCopy::kFp16, true}),
+                         [](const ::testing::TestParamInfo<Case>& param_info) {
+                           return std::string(ToString(param_info.param.grad)) + "_copy_" +
+                                  std::string(ToString(param_info.param.copy)) +
+                                  (param_info.param.decoupled ? "_adamw" : "_adam");
+                         });
 
 // Ten steps over 300 tensors (two launches) of awkward sizes, some unaligned; fresh random
 // gradients each step. Every element within 1 ulp of the CPU Adam; the copy equal.
@@ -123,8 +122,8 @@ TEST_P(GpuAdamTest, MatchesCpuAdamOverTenSteps) {
       shard.copy = c.copy;
       shard.param_copy = T.copy.data();
       ASSERT_TRUE(AdamUpdate(shard, hyper, 0.5f).ok());
-      gpu_tensors.push_back({T.dp.as<float>(), T.dm.as<float>(), T.dv.as<float>(), dg,
-                             T.dcopy.data(), sizes[t]});
+      gpu_tensors.push_back(
+          {T.dp.as<float>(), T.dm.as<float>(), T.dv.as<float>(), dg, T.dcopy.data(), sizes[t]});
     }
     gpu::GpuAdamStep gpu_step;
     gpu_step.hyper = hyper;
@@ -140,8 +139,8 @@ TEST_P(GpuAdamTest, MatchesCpuAdamOverTenSteps) {
     const auto m = ToHost<float>(T.dm.data(), sizes[t]);
     const auto v = ToHost<float>(T.dv.data(), sizes[t]);
     for (size_t i = 0; i < sizes[t]; ++i) {
-      const int64_t d = std::max({UlpDistance(p[i], T.p[i]), UlpDistance(m[i], T.m[i]),
-                                  UlpDistance(v[i], T.v[i])});
+      const int64_t d = std::max(
+          {UlpDistance(p[i], T.p[i]), UlpDistance(m[i], T.m[i]), UlpDistance(v[i], T.v[i])});
       worst = std::max(worst, d);
       differing += d > 0;
     }
@@ -174,8 +173,8 @@ TEST(GpuAdamStepTest, SkipsOnOverflowAndClipsLikeCpuAdamStep) {
   step.loss_scale = 4.0f;
   step.max_grad_norm = 1.0f;
   step.norm = workspace->result();
-  const gpu::GpuAdamTensor tensor{dp.as<float>(), dm.as<float>(), dv.as<float>(), dg.data(),
-                                  nullptr, kN};
+  const gpu::GpuAdamTensor tensor{dp.as<float>(), dm.as<float>(), dv.as<float>(),
+                                  dg.data(),      nullptr,        kN};
   // Overflow: NaN in the gradients.
   const float nan = std::nanf("");
   ZO_ASSERT_CUDA(cudaMemcpy(dg.as<float>() + 77, &nan, 4, cudaMemcpyHostToDevice));

@@ -12,10 +12,10 @@
 #include "gpu/stream.h"
 
 /// Skips the test, with the reason, when no GPU can be used.
-#define ZO_SKIP_WITHOUT_GPU()                                            \
-  do {                                                                   \
-    auto zo_gpus_ = ::zoffload::UsableGpuCount();                        \
-    if (!zo_gpus_.ok()) GTEST_SKIP() << zo_gpus_.status().message();     \
+#define ZO_SKIP_WITHOUT_GPU()                                        \
+  do {                                                               \
+    auto zo_gpus_ = ::zoffload::UsableGpuCount();                    \
+    if (!zo_gpus_.ok()) GTEST_SKIP() << zo_gpus_.status().message(); \
   } while (false)
 
 #define ZO_ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
@@ -27,9 +27,9 @@ template <typename T>
 DeviceBuffer ToDevice(const std::vector<T>& host) {
   auto buffer = DeviceBuffer::Allocate(host.size() * sizeof(T) + 64);
   EXPECT_TRUE(buffer.ok()) << buffer.status();
-  EXPECT_EQ(cudaMemcpy(buffer->data(), host.data(), host.size() * sizeof(T),
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
+  EXPECT_EQ(
+      cudaMemcpy(buffer->data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+      cudaSuccess);
   return std::move(*buffer);
 }
 

@@ -39,7 +39,8 @@ std::vector<float> RandomFloats(size_t n, uint32_t seed, float scale = 1.0f) {
 
 std::vector<uint16_t> ToBits16(const std::vector<float>& v, DType dtype) {
   std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = dtype == DType::kBf16 ? RefBf16(v[i]) : RefFp16(v[i]);
+  for (size_t i = 0; i < v.size(); ++i)
+    out[i] = dtype == DType::kBf16 ? RefBf16(v[i]) : RefFp16(v[i]);
   return out;
 }
 
@@ -155,8 +156,8 @@ TEST(GpuNormTest, MultiTensorNormMatchesFloat64AndFindsInfNan) {
         const uint16_t bits = dtype == DType::kBf16 ? RefBf16(bad) : RefFp16(bad);
         std::memcpy(one.data(), &bits, 2);
       }
-      auto* where = const_cast<std::byte*>(static_cast<const std::byte*>(spans[t].data)) +
-                    at * one.size();
+      auto* where =
+          const_cast<std::byte*>(static_cast<const std::byte*>(spans[t].data)) + at * one.size();
       std::vector<std::byte> saved(one.size());
       ZO_ASSERT_CUDA(cudaMemcpy(saved.data(), where, one.size(), cudaMemcpyDeviceToHost));
       ZO_ASSERT_CUDA(cudaMemcpy(where, one.data(), one.size(), cudaMemcpyHostToDevice));

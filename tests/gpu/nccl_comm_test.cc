@@ -40,16 +40,17 @@ TEST(NcclCommTest, WorldOfOneRunsEveryCollective) {
   std::iota(host.begin(), host.end(), 1.0f);
   DeviceBuffer src = ToDevice(host);
   DeviceBuffer dst = Poisoned(kN * 4);
-  ASSERT_TRUE(comm->AllReduce(src.data(), dst.data(), kN, DType::kFp32, ReduceOp::kSum,
-                              stream->get()).ok());
+  ASSERT_TRUE(
+      comm->AllReduce(src.data(), dst.data(), kN, DType::kFp32, ReduceOp::kSum, stream->get())
+          .ok());
   ASSERT_TRUE(stream->Synchronize().ok());
   EXPECT_EQ(ToHost<float>(dst.data(), kN), host);
   for (int op = 0; op < 3; ++op) {
     ZO_ASSERT_CUDA(cudaMemset(dst.data(), 0xFF, kN * 4));
     const Status s =
         op == 0   ? comm->AllGather(src.data(), dst.data(), kN, DType::kFp32, stream->get())
-        : op == 1 ? comm->ReduceScatter(src.data(), dst.data(), kN, DType::kFp32,
-                                        ReduceOp::kAvg, stream->get())
+        : op == 1 ? comm->ReduceScatter(src.data(), dst.data(), kN, DType::kFp32, ReduceOp::kAvg,
+                                        stream->get())
                   : comm->Broadcast(src.data(), dst.data(), kN, DType::kFp32, 0, stream->get());
     ASSERT_TRUE(s.ok()) << s;
     ASSERT_TRUE(stream->Synchronize().ok());

@@ -92,8 +92,8 @@ TEST(PinnedPoolTest, RegistersCallerMemory) {
   auto over = pool->Register(host.data(), size_t{65} << 20);
   EXPECT_EQ(over.status().code(), StatusCode::kResourceExhausted);
   std::vector<float> back(host.size(), 0.0f);
-  ZO_ASSERT_CUDA(cudaMemcpy(back.data(), device->data(), back.size() * sizeof(float),
-                            cudaMemcpyDeviceToHost));
+  ZO_ASSERT_CUDA(
+      cudaMemcpy(back.data(), device->data(), back.size() * sizeof(float), cudaMemcpyDeviceToHost));
   EXPECT_EQ(back, host);
 }
 

@@ -46,11 +46,11 @@ TEST(StreamTest, OrderAfterOrdersTwoStreams) {
   auto a = CudaStream::Create(), b = CudaStream::Create();
   auto event = CudaEvent::Create();
   ASSERT_TRUE(a.ok() && b.ok() && event.ok());
-  ZO_ASSERT_CUDA(cudaMemcpyAsync(device.data(), src->data(), kBytes, cudaMemcpyHostToDevice,
-                                 a->get()));
+  ZO_ASSERT_CUDA(
+      cudaMemcpyAsync(device.data(), src->data(), kBytes, cudaMemcpyHostToDevice, a->get()));
   ASSERT_TRUE(OrderAfter(b->get(), a->get(), *event).ok());
-  ZO_ASSERT_CUDA(cudaMemcpyAsync(dst->data(), device.data(), kBytes, cudaMemcpyDeviceToHost,
-                                 b->get()));
+  ZO_ASSERT_CUDA(
+      cudaMemcpyAsync(dst->data(), device.data(), kBytes, cudaMemcpyDeviceToHost, b->get()));
   ASSERT_TRUE(b->Synchronize().ok());
   EXPECT_EQ(std::memcmp(src->data(), dst->data(), kBytes), 0);
 }

@@ -87,9 +87,12 @@ Result<std::vector<GpuRecord>> RunPcieBench(const GpuBenchOptions& o) {
     ZO_RETURN_IF_ERROR(Sync(s1.get()));
     return Sync(s2.get());
   };
-  ZO_ASSIGN_OR_RETURN(const double peak_h2d_s, MedianSeconds(o.repeats, [&] { return plain(true, false); }));
-  ZO_ASSIGN_OR_RETURN(const double peak_d2h_s, MedianSeconds(o.repeats, [&] { return plain(false, true); }));
-  ZO_ASSIGN_OR_RETURN(const double peak_both_s, MedianSeconds(o.repeats, [&] { return plain(true, true); }));
+  ZO_ASSIGN_OR_RETURN(const double peak_h2d_s,
+                      MedianSeconds(o.repeats, [&] { return plain(true, false); }));
+  ZO_ASSIGN_OR_RETURN(const double peak_d2h_s,
+                      MedianSeconds(o.repeats, [&] { return plain(false, true); }));
+  ZO_ASSIGN_OR_RETURN(const double peak_both_s,
+                      MedianSeconds(o.repeats, [&] { return plain(true, true); }));
   const double peak_h2d = n / peak_h2d_s / 1e9, peak_d2h = n / peak_d2h_s / 1e9,
                peak_both = n / peak_both_s / 1e9;
 
@@ -117,22 +120,25 @@ Result<std::vector<GpuRecord>> RunPcieBench(const GpuBenchOptions& o) {
   std::memset(pageable.data(), 3, n);
   auto direct = [&](cudaMemcpyKind kind) -> Status {
     void* dst = kind == cudaMemcpyHostToDevice ? dev_a.data() : static_cast<void*>(pageable.data());
-    const void* src = kind == cudaMemcpyHostToDevice ? static_cast<const void*>(pageable.data())
-                                                     : dev_b.data();
+    const void* src =
+        kind == cudaMemcpyHostToDevice ? static_cast<const void*>(pageable.data()) : dev_b.data();
     ZO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, n, kind, s1.get()));
     return Sync(s1.get());
   };
-  ZO_ASSIGN_OR_RETURN(const double direct_h2d_s, MedianSeconds(o.repeats, [&] { return direct(cudaMemcpyHostToDevice); }));
-  ZO_ASSIGN_OR_RETURN(const double direct_d2h_s, MedianSeconds(o.repeats, [&] { return direct(cudaMemcpyDeviceToHost); }));
+  ZO_ASSIGN_OR_RETURN(const double direct_h2d_s,
+                      MedianSeconds(o.repeats, [&] { return direct(cudaMemcpyHostToDevice); }));
+  ZO_ASSIGN_OR_RETURN(const double direct_d2h_s,
+                      MedianSeconds(o.repeats, [&] { return direct(cudaMemcpyDeviceToHost); }));
   ZO_ASSIGN_OR_RETURN(s, MedianSeconds(o.repeats, [&]() -> Status {
-    ZO_ASSIGN_OR_RETURN(CopyToken t, engine->HostToDeviceStaged(dev_a.data(), pageable.data(), n));
-    return t.Wait();
-  }));
+                        ZO_ASSIGN_OR_RETURN(CopyToken t, engine->HostToDeviceStaged(
+                                                             dev_a.data(), pageable.data(), n));
+                        return t.Wait();
+                      }));
   out.push_back(Record("pcie", "pageable_h2d", n, s, "direct pageable cudaMemcpyAsync",
                        n / direct_h2d_s / 1e9));
   ZO_ASSIGN_OR_RETURN(s, MedianSeconds(o.repeats, [&] {
-    return engine->DeviceToHostStaged(pageable.data(), dev_b.data(), n);
-  }));
+                        return engine->DeviceToHostStaged(pageable.data(), dev_b.data(), n);
+                      }));
   out.push_back(Record("pcie", "pageable_d2h", n, s, "direct pageable cudaMemcpyAsync",
                        n / direct_d2h_s / 1e9));
   return out;
@@ -160,43 +166,44 @@ Result<std::vector<GpuRecord>> RunKernelBench(const GpuBenchOptions& o) {
   };
   std::fprintf(stderr, "kernels: %s input, median of %d\n", HumanBytes(bytes).c_str(), o.repeats);
   ZO_ASSIGN_OR_RETURN(const double copy_s, timed([&]() -> Status {
-    ZO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, st));
-    return Status::Ok();
-  }));
+                        ZO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.data(), a.data(), bytes,
+                                                                cudaMemcpyDeviceToDevice, st));
+                        return Status::Ok();
+                      }));
   const double copy_gbps = 2.0 * bytes / copy_s / 1e9;  // read + write
   const std::string anchor = "cudaMemcpyAsync D2D (read+write)";
   std::vector<GpuRecord> out;
   out.push_back(Record("kernels", "d2d_copy", 2 * bytes, copy_s, anchor, copy_gbps));
   ZO_ASSIGN_OR_RETURN(double s, timed([&] {
-    return gpu::Cast(a.data(), DType::kFp32, e.data(), DType::kBf16, n32, st);
-  }));
+                        return gpu::Cast(a.data(), DType::kFp32, e.data(), DType::kBf16, n32, st);
+                      }));
   out.push_back(Record("kernels", "cast_fp32_bf16", n32 * 6, s, anchor, copy_gbps));
-  ZO_ASSIGN_OR_RETURN(s, timed([&] {
-    return gpu::Cast(e.data(), DType::kBf16, a.data(), DType::kFp32, n32, st);
-  }));
+  ZO_ASSIGN_OR_RETURN(
+      s, timed([&] { return gpu::Cast(e.data(), DType::kBf16, a.data(), DType::kFp32, n32, st); }));
   out.push_back(Record("kernels", "cast_bf16_fp32", n32 * 6, s, anchor, copy_gbps));
-  ZO_ASSIGN_OR_RETURN(s, timed([&] {
-    return gpu::Cast(a.data(), DType::kFp32, e.data(), DType::kFp16, n32, st);
-  }));
+  ZO_ASSIGN_OR_RETURN(
+      s, timed([&] { return gpu::Cast(a.data(), DType::kFp32, e.data(), DType::kFp16, n32, st); }));
   out.push_back(Record("kernels", "cast_fp32_fp16", n32 * 6, s, anchor, copy_gbps));
   ZO_ASSIGN_OR_RETURN(s, timed([&] {
-    return gpu::AccumulateGrad(a.as<float>(), e.data(), DType::kBf16, n32, st);
-  }));
+                        return gpu::AccumulateGrad(a.as<float>(), e.data(), DType::kBf16, n32, st);
+                      }));
   out.push_back(Record("kernels", "accumulate_bf16", n32 * 10, s, anchor, copy_gbps));
   const gpu::DeviceSpan bf16_grads{b.data(), bytes / 2};  // 1 GiB of bf16
-  ZO_ASSIGN_OR_RETURN(s, timed([&] {
-    return gpu::MultiTensorGradNorm({&bf16_grads, 1}, DType::kBf16, workspace, st);
-  }));
+  ZO_ASSIGN_OR_RETURN(
+      s, timed([&] {
+        return gpu::MultiTensorGradNorm({&bf16_grads, 1}, DType::kBf16, workspace, st);
+      }));
   out.push_back(Record("kernels", "norm_bf16", bytes, s, anchor, copy_gbps));
   const gpu::DeviceSpan fp32_grads{a.data(), n32};
-  ZO_ASSIGN_OR_RETURN(s, timed([&] {
-    return gpu::MultiTensorGradNorm({&fp32_grads, 1}, DType::kFp32, workspace, st);
-  }));
+  ZO_ASSIGN_OR_RETURN(
+      s, timed([&] {
+        return gpu::MultiTensorGradNorm({&fp32_grads, 1}, DType::kFp32, workspace, st);
+      }));
   out.push_back(Record("kernels", "norm_fp32", bytes, s, anchor, copy_gbps));
   // Adam over n32/4 parameters: p, m, v in a..c quarters, bf16 grads and copy.
   const size_t params = n32;
-  const gpu::GpuAdamTensor tensor{a.as<float>(), b.as<float>(), c.as<float>(), e.data(),
-                                  d.data(), params};
+  const gpu::GpuAdamTensor tensor{a.as<float>(), b.as<float>(), c.as<float>(),
+                                  e.data(),      d.data(),      params};
   gpu::GpuAdamStep step;
   step.grad_dtype = DType::kBf16;
   step.copy = ParamCopy::kBf16;
