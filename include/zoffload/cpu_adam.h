@@ -54,6 +54,11 @@ struct AdamShard {
   DType grad_dtype = DType::kFp32;
   void* param_copy = nullptr;  ///< bf16 bits or fp16 values, n of them, when copy != kNone
   ParamCopy copy = ParamCopy::kNone;
+  /// Index of params[0] within its whole tensor, when the shard is a piece of one (a
+  /// multiple of kInt8StateBlock for int8 state). Stochastic rounding draws its bits from
+  /// whole-tensor indices, so a tensor updated piece by piece gets the bits it would get in
+  /// one piece.
+  uint64_t index_offset = 0;
 };
 
 /// Hyperparameters of one step (the caller owns the schedule).

@@ -201,7 +201,7 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
       hn::StoreU(vv, df, static_cast<float*>(v) + i);
     } else {
       // One hash per lane: its low 16 bits round m, its high 16 bits round v.
-      const VU32 rm = RandomBits(du, lanes, a.seed, index_base + i);
+      const VU32 rm = RandomBits(du, lanes, a.seed, a.index_offset + index_base + i);
       const VU32 rv = hn::ShiftRight<16>(rm);
       StoreBf16(df, mv, static_cast<uint16_t*>(m) + i, &rm);
       StoreBf16(df, vv, static_cast<uint16_t*>(v) + i, &rv);
@@ -256,7 +256,7 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
   const VF r_q = hn::Set(df, rs > 0 ? 255.0f / rs : 0.0f);
   const VF k127 = hn::Set(df, 127.0f);
   for (size_t i = 0; i < kInt8StateBlock; i += N) {
-    const VU32 bits = RandomBits(du, lanes, a.seed, index_base + i);
+    const VU32 bits = RandomBits(du, lanes, a.seed, a.index_offset + index_base + i);
     const VF m = hn::Load(df, m_new + i);
     const VF cm = hn::CopySign(hn::Mul(ApproxSqrt(df, hn::Mul(hn::Abs(m), m_q)), k127), m);
     // |cm| <= 127 and r * r_q <= 255 up to the square-root estimate's error: the saturating

@@ -24,7 +24,8 @@ struct AdamKernelArgs {
   ParamCopy copy_type;
   AdamCoefficients c;
   float grad_scale;
-  uint32_t seed;         // stochastic rounding: derived from the step
+  uint32_t seed;          // stochastic rounding: derived from the step
+  uint64_t index_offset;  // AdamShard::index_offset
   uint8_t ceiling_mask;  // bandwidth kernel: bits it XORs into the data (0: leaves it intact)
 };
 

@@ -64,6 +64,7 @@ internal::AdamKernelArgs MakeArgs(const AdamShard& s, const AdamHyper& h, float 
   a.c = internal::MakeAdamCoefficients(h);
   a.grad_scale = grad_scale;
   a.seed = static_cast<uint32_t>(h.step) * 0x9E3779B9u + 0x7F4A7C15u;
+  a.index_offset = s.index_offset;
   return a;
 }
 
@@ -77,6 +78,11 @@ Status CheckShard(const AdamShard& s, const AdamHyper& h) {
   }
   if (h.step < 1)
     return InvalidArgumentError(StrCat("AdamUpdate: step must be >= 1, got ", h.step));
+  if (s.state == StatePrecision::kInt8 && s.index_offset % kInt8StateBlock != 0) {
+    return InvalidArgumentError(StrCat("AdamUpdate: index_offset ", s.index_offset,
+                                       " of an int8-state shard is not a multiple of ",
+                                       kInt8StateBlock));
+  }
   if (!(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1 && h.eps > 0)) {
     return InvalidArgumentError("AdamUpdate: betas must be in [0, 1) and eps > 0");
   }

@@ -284,6 +284,44 @@ TEST(CpuAdamTest, IdenticalForAnyThreadCount) {
   }
 }
 
+// A tensor updated in two pieces (index_offset set) gets the bits of a one-piece update,
+// stochastic rounding included.
+TEST(CpuAdamTest, PieceByPieceEqualsWhole) {
+  for (StatePrecision state : {StatePrecision::kFp32, StatePrecision::kBf16}) {
+    const size_t n = 3 * 16384 + 1000, split = 20007;
+    const size_t sb = state == StatePrecision::kFp32 ? 4 : 2;
+    TestShard whole(n, state, DType::kBf16, ParamCopy::kBf16, 0, 31);
+    TestShard pieces(n, state, DType::kBf16, ParamCopy::kBf16, 0, 31);
+    std::mt19937_64 ra(6), rb(6);
+    AdamHyper h = Hyper(true);
+    for (int s = 1; s <= 3; ++s) {
+      h.step = s;
+      whole.NewGrads(ra);
+      pieces.NewGrads(rb);
+      ASSERT_TRUE(AdamUpdate(whole.View(), h, 1.0f).ok());
+      AdamShard first = pieces.View(), second = pieces.View();
+      first.n = split;
+      second.n = n - split;
+      second.index_offset = split;
+      second.params += split;
+      second.m = static_cast<char*>(second.m) + split * sb;
+      second.v = static_cast<char*>(second.v) + split * sb;
+      second.grads = static_cast<const char*>(second.grads) + split * 2;
+      second.param_copy = static_cast<uint16_t*>(second.param_copy) + split;
+      ASSERT_TRUE(AdamUpdate(first, h, 1.0f).ok());
+      ASSERT_TRUE(AdamUpdate(second, h, 1.0f).ok());
+    }
+    EXPECT_EQ(whole.params, pieces.params) << ToString(state);
+    EXPECT_EQ(whole.m, pieces.m) << ToString(state);
+    EXPECT_EQ(whole.v, pieces.v) << ToString(state);
+    EXPECT_EQ(whole.copy_out, pieces.copy_out);
+  }
+  TestShard int8(1000, StatePrecision::kInt8, DType::kFp32, ParamCopy::kNone, 0, 1);
+  AdamShard bad = int8.View();
+  bad.index_offset = 100;
+  EXPECT_EQ(AdamUpdate(bad, Hyper(true), 1.0f).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(CpuAdamTest, OverflowSkipsTheStepAndLeavesStateUntouched) {
   for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
     for (DType gd : {DType::kFp32, DType::kBf16, DType::kFp16}) {
