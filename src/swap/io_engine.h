@@ -90,6 +90,8 @@ class [[nodiscard]] IoFuture {
   Status Wait();
   /// True when Wait would not block.
   bool Ready() const;
+  /// False for a default-constructed future (no request).
+  bool valid() const { return state_ != nullptr; }
 
  private:
   std::shared_ptr<internal::IoRequestState> state_;

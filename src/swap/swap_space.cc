@@ -490,8 +490,8 @@ Status SwapSpace::BeginWrite(const std::vector<std::string>& keys) {
   return changed ? impl_->PersistManifest() : Status::Ok();
 }
 
-IoFuture SwapSpace::Write(const std::string& key, uint64_t offset,
-                          std::span<const std::byte> data) {
+IoFuture SwapSpace::Write(const std::string& key, uint64_t offset, std::span<const std::byte> data,
+                          std::function<void(const Status&)> on_done) {
   TensorEntry* t;
   std::vector<IoSegment> segments;
   {
@@ -513,16 +513,18 @@ IoFuture SwapSpace::Write(const std::string& key, uint64_t offset,
   }
   const bool whole = offset == 0 && data.size() == t->bytes;
   return impl_->engine->Submit(IoOp::kWrite, std::move(segments), StrCat("tensor '", key, "'"),
-                               [t, whole](const Status& s) {
+                               [t, whole, on_done = std::move(on_done)](const Status& s) {
                                  if (!s.ok()) {
                                    t->write_failed = true;
                                  } else if (whole) {
                                    t->write_failed = false;
                                  }
+                                 if (on_done) on_done(s);
                                });
 }
 
-IoFuture SwapSpace::Read(const std::string& key, uint64_t offset, std::span<std::byte> out) {
+IoFuture SwapSpace::Read(const std::string& key, uint64_t offset, std::span<std::byte> out,
+                         std::function<void(const Status&)> on_done) {
   std::vector<IoSegment> segments;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
@@ -545,7 +547,8 @@ IoFuture SwapSpace::Read(const std::string& key, uint64_t offset, std::span<std:
     if (!segs.ok()) return IoFuture::Done(segs.status());
     segments = std::move(segs).value();
   }
-  return impl_->engine->Submit(IoOp::kRead, std::move(segments), StrCat("tensor '", key, "'"));
+  return impl_->engine->Submit(IoOp::kRead, std::move(segments), StrCat("tensor '", key, "'"),
+                               std::move(on_done));
 }
 
 Status SwapSpace::Commit() {

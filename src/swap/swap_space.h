@@ -82,10 +82,13 @@ class SwapSpace {
   Status BeginWrite(const std::vector<std::string>& keys);
 
   /// Writes `data` at byte `offset` of tensor `key`. `offset` is a multiple of the block size;
-  /// the range ends at a block boundary or at the tensor's end.
-  IoFuture Write(const std::string& key, uint64_t offset, std::span<const std::byte> data);
+  /// the range ends at a block boundary or at the tensor's end. `on_done` as in
+  /// IoEngine::Submit (it runs on an I/O thread and must not block).
+  IoFuture Write(const std::string& key, uint64_t offset, std::span<const std::byte> data,
+                 std::function<void(const Status&)> on_done = {});
   /// Reads into `out` from byte `offset` of tensor `key`; same range rules as Write.
-  IoFuture Read(const std::string& key, uint64_t offset, std::span<std::byte> out);
+  IoFuture Read(const std::string& key, uint64_t offset, std::span<std::byte> out,
+                std::function<void(const Status&)> on_done = {});
 
   /// Makes every completed write durable and marks those tensors clean in the manifest.
   /// Writes still in flight must be waited for first.

@@ -1,0 +1,136 @@
+// OptimizerState: the Adam state of many tensors (fp32 master parameters, m, v), kept in host
+// memory or on NVMe, and the optimizer step over it.
+//
+// The NVMe pipeline (one step):
+// 1. The gradients (host memory) are checked and normed first (GradientNorm): on inf/NaN the
+//    step is skipped before any byte is read or written; otherwise the clip coefficient and
+//    1/loss_scale become one gradient scale.
+// 2. Every tensor is cut into chunks of chunk_elements(); chunk c of a tensor's params, m and
+//    v is stored at c * stride of its three swap tensors ("<name>.p", ".m", ".v"), each chunk
+//    image padded to the swap block size, so one chunk is three block-aligned requests.
+// 3. The chunks of all tensors stream through `buffers` slots of host memory: while chunk i is
+//    updated by CPU Adam, chunks i+1.. are read and chunk i-1 is written back. A slot is
+//    reused only after its write-back has completed. Host memory is the slots, never the state.
+// 4. Before the first write the step durably marks every state tensor "writing"; after the
+//    last it commits (fdatasync, then "clean"). A step that fails (read error, checksum
+//    mismatch, write error) waits for its requests, never commits, and leaves this object
+//    refusing further steps: on reopen the swap space reports the interrupted step (DATA_LOSS
+//    naming the tensors), so a mix of two steps is never used as a state.
+// 5. Chunks are updated with AdamShard::index_offset set, so the result is bit-identical to
+//    one AdamUpdate over each whole tensor in memory.
+//
+// Thread-safety: one thread at a time (a step uses the Adam threads and I/O threads itself).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/aligned_buffer.h"
+#include "common/trace.h"
+#include "swap/swap_space.h"
+#include "zoffload/config.h"
+#include "zoffload/cpu_adam.h"
+#include "zoffload/status.h"
+
+namespace zoffload {
+
+enum class StateHome : uint8_t { kHost, kNvme };
+
+struct OptimizerTensor {
+  std::string name;  ///< stable key (e.g. the parameter's name)
+  uint64_t n = 0;    ///< elements
+};
+
+struct PipelineOptions {
+  int buffers = 4;            ///< chunk slots in host memory; >= 2
+  bool overlap_read = true;   ///< read the next chunks while one is updated
+  bool overlap_write = true;  ///< write the previous chunk back while one is updated
+  /// Elements per chunk; 0 derives it from the state precision (4M; 16M for int8).
+  uint64_t chunk_elements = 0;
+};
+
+struct OptimizerStateOptions {
+  StateHome home = StateHome::kHost;
+  StatePrecision precision = StatePrecision::kFp32;
+  SwapSpaceOptions swap;  ///< where NVMe state lives (home kNvme)
+  PipelineOptions pipeline;
+  int threads = 0;           ///< CPU Adam threads; 0 = physical cores
+  Tracer* tracer = nullptr;  ///< optional timeline of every read, write and update
+
+  /// From a config: offload_optimizer.device (cpu -> host, nvme -> nvme), buffer_count,
+  /// pipeline_read/pipeline_write, zoffload.optimizer_state, cpu_adam_threads, NVMe paths.
+  static Result<OptimizerStateOptions> FromConfig(const Config& config);
+};
+
+/// One tensor's gradients for a step, and where its updated low-precision copy goes.
+struct TensorGrads {
+  const void* grads = nullptr;  ///< host memory, n elements of `dtype`
+  DType dtype = DType::kFp32;
+  void* param_copy = nullptr;  ///< n elements, when copy != kNone
+  ParamCopy copy = ParamCopy::kNone;
+};
+
+struct StepStats {
+  double seconds = 0;
+  uint64_t bytes_read = 0, bytes_written = 0;
+  double adam_seconds = 0;     ///< time in CPU Adam
+  double io_wait_seconds = 0;  ///< time the step waited for reads or slot write-backs
+};
+
+class OptimizerState {
+ public:
+  /// Allocates the state of `tensors` (zero, parameters unset until Initialize). With NVMe
+  /// home, opens the swap space (reusing the tensors already stored there, sizes checked).
+  static Result<std::unique_ptr<OptimizerState>> Create(std::vector<OptimizerTensor> tensors,
+                                                        OptimizerStateOptions options);
+  ~OptimizerState();
+
+  size_t size() const { return tensors_.size(); }
+  const OptimizerTensor& tensor(size_t i) const { return tensors_[i]; }
+  uint64_t chunk_elements() const { return chunk_; }
+  /// Host bytes held: the state itself (home host) or the pipeline slots (home nvme).
+  uint64_t host_bytes() const;
+
+  /// Sets tensor i's master parameters and zeroes its moments (and writes them durably).
+  Status Initialize(size_t i, const float* params);
+  /// Copies tensor i's state out: params (n floats), m and v (AdamMomentBytes each).
+  Status Read(size_t i, float* params, void* m, void* v);
+
+  /// One optimizer step over every tensor; grads[i] belongs to tensor i.
+  Result<AdamStepResult> Step(std::span<const TensorGrads> grads, const AdamHyper& hyper,
+                              float loss_scale = 1.0f, float max_grad_norm = 0.0f);
+  /// The same reads and writes as an NVMe step, without the update: the time the disk needs
+  /// for a step's bytes (the I/O bound). State is rewritten unchanged.
+  Result<StepStats> IoOnlyPass();
+  const StepStats& last_step() const { return last_; }
+  SwapSpace* swap() { return swap_.get(); }
+
+ private:
+  struct Slot;
+  OptimizerState() = default;
+  uint64_t Chunks(size_t i) const { return (tensors_[i].n + chunk_ - 1) / chunk_; }
+  uint64_t ImageBytes(uint64_t elements, bool moment) const;
+  // Where chunk `chunk` of part `part` (0 params, 1 m, 2 v) of a tensor lies in its swap
+  // tensor: offset and length (the padded image, or up to the end for the last chunk).
+  std::pair<uint64_t, uint64_t> ImageRange(size_t tensor, uint64_t chunk, int part) const;
+  Status Stream(std::span<const TensorGrads> grads, const AdamHyper* hyper, float grad_scale,
+                StepStats* stats);
+
+  std::vector<OptimizerTensor> tensors_;
+  OptimizerStateOptions options_;
+  uint64_t chunk_ = 0;
+  uint64_t param_stride_ = 0, moment_stride_ = 0;  // bytes between chunk images
+  // Home host: the state itself.
+  std::vector<AlignedBuffer> params_, m_, v_;
+  // Home nvme.
+  std::unique_ptr<SwapSpace> swap_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  Status broken_;  // set when a step failed midway
+  StepStats last_;
+};
+
+}  // namespace zoffload

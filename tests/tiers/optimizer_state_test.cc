@@ -1,0 +1,337 @@
+#include "tiers/optimizer_state.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/strings.h"
+#include "swap/fault_backend.h"
+#include "test_util.h"
+
+namespace zoffload {
+namespace {
+
+using testing::FaultPlan;
+using testing::FaultRule;
+using testing::InjectFaults;
+using testing::TempDir;
+
+constexpr uint64_t kChunk = 16384;
+const std::vector<uint64_t> kSizes = {1, 1000, kChunk, kChunk + 1, 3 * kChunk + 777};
+
+uint16_t Bf16(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// The same tensors in plain memory, updated by AdamUpdate over each whole tensor.
+struct Reference {
+  std::vector<std::vector<float>> params;
+  std::vector<std::vector<std::byte>> m, v;
+  std::vector<std::vector<uint16_t>> copy;
+  Reference(StatePrecision precision, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (uint64_t n : kSizes) {
+      std::vector<float> p(n);
+      for (float& x : p) x = normal(rng);
+      params.push_back(std::move(p));
+      m.emplace_back(AdamMomentBytes(precision, n));
+      v.emplace_back(AdamMomentBytes(precision, n));
+      copy.emplace_back(n);
+    }
+  }
+};
+
+std::vector<std::vector<uint16_t>> RandomGrads(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  std::vector<std::vector<uint16_t>> grads;
+  for (uint64_t n : kSizes) {
+    std::vector<uint16_t> g(n);
+    for (uint16_t& x : g) x = Bf16(normal(rng));
+    grads.push_back(std::move(g));
+  }
+  return grads;
+}
+
+std::vector<OptimizerTensor> Tensors() {
+  std::vector<OptimizerTensor> tensors;
+  for (size_t i = 0; i < kSizes.size(); ++i) {
+    tensors.push_back({"layer" + std::to_string(i) + ".weight", kSizes[i]});
+  }
+  return tensors;
+}
+
+OptimizerStateOptions Options(StateHome home, StatePrecision precision, const std::string& dir) {
+  OptimizerStateOptions o;
+  o.home = home;
+  o.precision = precision;
+  o.swap.paths = {dir};
+  o.swap.aio.block_size = 64 << 10;
+  o.pipeline.chunk_elements = kChunk;
+  o.threads = 2;
+  return o;
+}
+
+struct Variant {
+  StateHome home;
+  StatePrecision precision;
+  PipelineOptions pipeline;
+};
+
+std::string Name(const ::testing::TestParamInfo<Variant>& info) {
+  const Variant& v = info.param;
+  return StrCat(v.home == StateHome::kHost ? "host_" : "nvme_", ToString(v.precision), "_b",
+                v.pipeline.buffers, v.pipeline.overlap_read ? "_r" : "",
+                v.pipeline.overlap_write ? "_w" : "");
+}
+
+class OptimizerStateTest : public ::testing::TestWithParam<Variant> {};
+
+// Three steps through the store equal three whole-tensor AdamUpdates in memory, bit for bit:
+// parameters, both moments and the bf16 copy, for every precision and pipeline shape.
+TEST_P(OptimizerStateTest, StepsAreBitIdenticalToInMemoryAdam) {
+  const Variant variant = GetParam();
+  TempDir dir;
+  OptimizerStateOptions o = Options(variant.home, variant.precision, dir.path());
+  o.pipeline.buffers = variant.pipeline.buffers;
+  o.pipeline.overlap_read = variant.pipeline.overlap_read;
+  o.pipeline.overlap_write = variant.pipeline.overlap_write;
+  Tracer tracer(dir.File("trace.json"));
+  o.tracer = &tracer;
+  auto state = OptimizerState::Create(Tensors(), o);
+  ASSERT_TRUE(state.ok()) << state.status();
+  Reference ref(variant.precision, 1);
+  for (size_t i = 0; i < kSizes.size(); ++i) {
+    const Status init = (*state)->Initialize(i, ref.params[i].data());
+    ASSERT_TRUE(init.ok()) << init;
+  }
+  std::vector<std::vector<uint16_t>> copies;
+  for (uint64_t n : kSizes) copies.emplace_back(n, 0xFFFF);
+  AdamHyper hyper;
+  hyper.lr = 1e-2f;
+  hyper.weight_decay = 0.1f;
+  for (int step = 1; step <= 3; ++step) {
+    hyper.step = step;
+    const auto grads = RandomGrads(100 + step);
+    std::vector<TensorGrads> tg;
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      tg.push_back({grads[i].data(), DType::kBf16, copies[i].data(), ParamCopy::kBf16});
+      AdamShard shard;
+      shard.params = ref.params[i].data();
+      shard.n = kSizes[i];
+      shard.state = variant.precision;
+      shard.m = ref.m[i].data();
+      shard.v = ref.v[i].data();
+      shard.grads = grads[i].data();
+      shard.grad_dtype = DType::kBf16;
+      shard.param_copy = ref.copy[i].data();
+      shard.copy = ParamCopy::kBf16;
+      ASSERT_TRUE(AdamUpdate(shard, hyper, 1.0f, 2).ok());
+    }
+    auto result = (*state)->Step(tg, hyper);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_FALSE(result->skipped);
+  }
+  for (size_t i = 0; i < kSizes.size(); ++i) {
+    std::vector<float> p(kSizes[i]);
+    std::vector<std::byte> m(ref.m[i].size()), v(ref.v[i].size());
+    ASSERT_TRUE((*state)->Read(i, p.data(), m.data(), v.data()).ok());
+    EXPECT_EQ(p, ref.params[i]) << i;
+    EXPECT_EQ(m, ref.m[i]) << i;
+    EXPECT_EQ(v, ref.v[i]) << i;
+    EXPECT_EQ(copies[i], ref.copy[i]) << i;
+  }
+  if (variant.home == StateHome::kNvme) {
+    const StepStats& stats = (*state)->last_step();
+    EXPECT_GT(stats.bytes_read, 0u);
+    EXPECT_EQ(stats.bytes_read, stats.bytes_written);
+    // Host memory is the pipeline's slots, not the state.
+    EXPECT_LE((*state)->host_bytes(),
+              static_cast<uint64_t>(variant.pipeline.buffers) * 3 * (128 << 10));
+    EXPECT_GT(tracer.events(), 0u);
+  }
+  ASSERT_TRUE(tracer.Write().ok());
+  std::ifstream trace(dir.File("trace.json"));
+  std::string text((std::istreambuf_iterator<char>(trace)), {});
+  EXPECT_NE(text.find("\"traceEvents\""), std::string::npos);
+  EXPECT_NE(text.find("cpu adam"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Variants, OptimizerStateTest,
+    ::testing::Values(Variant{StateHome::kHost, StatePrecision::kFp32, {}},
+                      Variant{StateHome::kHost, StatePrecision::kInt8, {}},
+                      Variant{StateHome::kNvme, StatePrecision::kFp32, {4, true, true, 0}},
+                      Variant{StateHome::kNvme, StatePrecision::kBf16, {4, true, true, 0}},
+                      Variant{StateHome::kNvme, StatePrecision::kInt8, {3, true, true, 0}},
+                      Variant{StateHome::kNvme, StatePrecision::kFp32, {2, false, false, 0}},
+                      Variant{StateHome::kNvme, StatePrecision::kFp32, {2, true, false, 0}},
+                      Variant{StateHome::kNvme, StatePrecision::kFp32, {2, true, true, 0}}),
+    Name);
+
+TEST(OptimizerStateFaults, OverflowSkipsWithoutTouchingTheDisk) {
+  TempDir dir;
+  auto plan = std::make_shared<FaultPlan>(
+      std::vector<FaultRule>{{IoOp::kRead, FaultRule::Action::kFail, 0, -1, EIO},
+                             {IoOp::kWrite, FaultRule::Action::kFail, 1000, -1, EIO}});
+  OptimizerStateOptions o = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
+  o.swap.wrap_backend = InjectFaults(plan);
+  auto state = OptimizerState::Create(Tensors(), o);
+  ASSERT_TRUE(state.ok()) << state.status();
+  auto grads = RandomGrads(7);
+  grads[2][5] = 0x7FC0;  // bf16 NaN
+  std::vector<TensorGrads> tg;
+  for (auto& g : grads) tg.push_back({g.data(), DType::kBf16});
+  auto result = (*state)->Step(tg, AdamHyper{});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->skipped);
+  EXPECT_EQ(plan->applied(), 0);  // no read was even tried
+}
+
+// A read error or a flipped bit mid-step fails the step naming the tensor; the object then
+// refuses to go on, and the reopened swap space reports the interrupted step.
+TEST(OptimizerStateFaults, ReadErrorAndChecksumMismatchFailTheStepClearly) {
+  for (int fault = 0; fault < 2; ++fault) {
+    TempDir dir;
+    std::vector<std::string> names;
+    {
+      OptimizerStateOptions o = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
+      if (fault == 0) {
+        o.swap.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
+            std::vector<FaultRule>{{IoOp::kRead, FaultRule::Action::kFail, 9, 1, EIO}}));
+      }
+      auto state = OptimizerState::Create(Tensors(), o);
+      ASSERT_TRUE(state.ok()) << state.status();
+      Reference ref(StatePrecision::kFp32, 3);
+      for (size_t i = 0; i < kSizes.size(); ++i) {
+        ASSERT_TRUE((*state)->Initialize(i, ref.params[i].data()).ok());
+      }
+      if (fault == 1) {  // flip one byte in the middle of the largest tensor's m file
+        bool flipped = false;
+        for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+          const std::string file = entry.path().filename().string();
+          if (file.find("layer4.weight.m") == std::string::npos) continue;
+          std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+          f.seekp(70000);
+          f.put('\x5A');
+          flipped = true;
+        }
+        ASSERT_TRUE(flipped);
+      }
+      const auto grads = RandomGrads(11);
+      std::vector<TensorGrads> tg;
+      for (const auto& g : grads) tg.push_back({g.data(), DType::kBf16});
+      AdamHyper hyper;
+      auto result = (*state)->Step(tg, hyper);
+      ASSERT_FALSE(result.ok());
+      EXPECT_EQ(result.status().code(), fault == 0 ? StatusCode::kIoError : StatusCode::kDataLoss)
+          << result.status();
+      EXPECT_NE(result.status().message().find("tensor 'layer"), std::string::npos)
+          << result.status();
+      if (fault == 1) {
+        EXPECT_NE(result.status().message().find("layer4.weight.m"), std::string::npos)
+            << result.status();
+      }
+      hyper.step = 2;
+      auto again = (*state)->Step(tg, hyper);
+      ASSERT_FALSE(again.ok());
+      EXPECT_NE(again.status().message().find("earlier optimizer step failed"), std::string::npos)
+          << again.status();
+    }
+    auto reopened = OptimizerState::Create(
+        Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
+    ASSERT_FALSE(reopened.ok());
+    EXPECT_EQ(reopened.status().code(), StatusCode::kDataLoss) << reopened.status();
+    EXPECT_NE(reopened.status().message().find("layer0.weight.p"), std::string::npos)
+        << reopened.status();
+  }
+}
+
+// A process killed in the middle of a step leaves a swap space that reopens and reports it.
+TEST(OptimizerStateFaults, KilledMidStepIsReportedOnReopen) {
+  TempDir dir;
+  {
+    auto state = OptimizerState::Create(
+        Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
+    ASSERT_TRUE(state.ok()) << state.status();
+    Reference ref(StatePrecision::kFp32, 5);
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      ASSERT_TRUE((*state)->Initialize(i, ref.params[i].data()).ok());
+    }
+  }
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    OptimizerStateOptions o = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
+    o.threads = 1;  // libgomp's thread pool does not survive fork(); one thread needs none
+    o.swap.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
+        std::vector<FaultRule>{{IoOp::kWrite, FaultRule::Action::kDelay, 0, -1, 0, 0, 200}}));
+    auto state = OptimizerState::Create(Tensors(), o);
+    if (!state.ok()) ::_exit(3);
+    const auto grads = RandomGrads(13);
+    std::vector<TensorGrads> tg;
+    for (const auto& g : grads) tg.push_back({g.data(), DType::kBf16});
+    if (::write(ready[1], "r", 1) != 1) ::_exit(5);
+    (*state)->Step(tg, AdamHyper{}).status().IgnoreError();  // slow: every write delayed
+    ::_exit(4);
+  }
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::usleep(300 * 1000);
+  ::kill(child, SIGKILL);
+  int status;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the child finished its step before the kill";
+  auto reopened = OptimizerState::Create(
+      Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
+  ASSERT_FALSE(reopened.ok()) << "the killed step was not detected";
+  EXPECT_EQ(reopened.status().code(), StatusCode::kDataLoss) << reopened.status();
+  EXPECT_NE(reopened.status().message().find("interrupted while writing"), std::string::npos)
+      << reopened.status();
+  ::close(ready[0]);
+  ::close(ready[1]);
+}
+
+TEST(OptimizerStateTest, RejectsBadInput) {
+  TempDir dir;
+  EXPECT_EQ(OptimizerState::Create({{"a", 5}, {"a", 6}},
+                                   Options(StateHome::kHost, StatePrecision::kFp32, dir.path()))
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(OptimizerState::Create({{"a", 0}},
+                                   Options(StateHome::kHost, StatePrecision::kFp32, dir.path()))
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  OptimizerStateOptions one = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
+  one.pipeline.buffers = 1;
+  auto refused = OptimizerState::Create({{"a", 5}}, one);
+  EXPECT_NE(refused.status().message().find("buffer_count"), std::string::npos) << refused.status();
+  auto missing = OptimizerState::Create(
+      {{"a", 5}}, Options(StateHome::kNvme, StatePrecision::kFp32, dir.File("nope")));
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status();
+  auto host = OptimizerState::Create({{"a", 5}},
+                                     Options(StateHome::kHost, StatePrecision::kFp32, dir.path()));
+  ASSERT_TRUE(host.ok());
+  std::vector<uint16_t> g(5);
+  std::vector<TensorGrads> two(2, TensorGrads{g.data(), DType::kBf16});
+  EXPECT_EQ((*host)->Step(two, AdamHyper{}).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zoffload
