@@ -6,6 +6,7 @@
 //   zoffload-bench adam [options]  CPU Adam against the memory-bandwidth ceiling
 //   zoffload-bench pcie [options]  host<->GPU copies against plain cudaMemcpyAsync
 //   zoffload-bench kernels [opts]  GPU kernels against a device-to-device copy
+//   zoffload-bench step [options]  optimizer steps with state in host memory or on NVMe
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "bench/adam_profile.h"
 #include "bench/bench_util.h"
 #include "bench/nvme_profile.h"
+#include "bench/step_profile.h"
 #include "build_info.h"
 #include "common/strings.h"
 #include "zoffload/config.h"
@@ -29,11 +31,12 @@
 namespace zoffload::bench {
 namespace {
 
-constexpr const char* kUsage = R"(usage: zoffload-bench [nvme|adam|pcie|kernels] [options]
+constexpr const char* kUsage = R"(usage: zoffload-bench [nvme|adam|step|pcie|kernels] [options]
 
 With no subcommand: every profile this machine supports, with short defaults (a 1 GiB
-temporary file in the current directory; 32M-parameter Adam steps; 256 MiB GPU transfers
-when a GPU is present), then tables.
+temporary file in the current directory; 32M-parameter Adam steps; a 32M-parameter optimizer
+step streamed from NVMe in the current directory; 256 MiB GPU transfers when a GPU is
+present), then tables.
 
 zoffload-bench nvme [--path DIR ...] [--size 4GiB] [--block-size 1M,4M] [--queue-depth 8,32]
                     [--threads 1,2] [--op write,read] [--single-submit] [--no-overlap-events]
@@ -55,6 +58,19 @@ zoffload-bench adam [--params 256M] [--threads N] [--grad-dtype fp32,bf16,fp16]
                     [--state fp32,bf16,int8] [--param-copy none,bf16,fp16] [--steps 5] [--json FILE]
   Times Adam steps (median) and a kernel moving the same bytes per parameter over the same
   buffers in the same process; prints Gparam/s, GB/s and their ratio (bandwidth_ratio).
+
+zoffload-bench step [--params 128M] [--tensors 16] [--state-on host|nvme] [--path DIR ...]
+                    [--state fp32|bf16|int8] [--grad-dtype bf16] [--buffers 4] [--threads N]
+                    [--steps 3] [--no-checksums] [--durable] [--config ds.json] [--json FILE] [--trace FILE]
+  Real optimizer steps (gradient norm + Adam; bf16 grads and a bf16 parameter copy by
+  default) over state in host memory or streamed from NVMe through --buffers chunk slots.
+  Prints step_seconds against the I/O bound (the step's bytes at the disk's bandwidth for
+  reads and writes at once, measured alone on the same path with the same aio settings and
+  durability) and against CPU Adam alone on the same data.
+  --config takes aio, NVMe paths, buffer_count and zoffload.optimizer_state from a config.
+  --trace writes a Chrome trace-event timeline (open it in Perfetto or chrome://tracing).
+  --no-checksums turns off the CRC32C of every swap block (on by default); --durable flushes
+  every step's writes to the device (the disk bound then flushes too).
 
 zoffload-bench pcie [--size 1GiB] [--repeats 5] [--json FILE]
   Host<->GPU copies through the copy engine: H2D, D2H, both at once (pinned), each against
@@ -336,6 +352,124 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
   return 0;
 }
 
+Status WriteStepJson(const std::string& path, const StepRecord& r) {
+  nlohmann::ordered_json j = {{"profile", "step"},
+                              {"params", r.params},
+                              {"tensors", r.tensors},
+                              {"state_on", r.state_on},
+                              {"state", r.state},
+                              {"step_seconds", r.step_seconds},
+                              {"bytes_read", r.bytes_read},
+                              {"bytes_written", r.bytes_written},
+                              {"read_GBps", r.read_gbps},
+                              {"write_GBps", r.write_gbps},
+                              {"mixed_GBps", r.mixed_gbps},
+                              {"io_bound_seconds", r.io_bound_seconds},
+                              {"io_serial_seconds", r.io_serial_seconds},
+                              {"io_pass_seconds", r.io_pass_seconds},
+                              {"adam_bound_seconds", r.adam_bound_seconds},
+                              {"io_ratio", r.io_ratio},
+                              {"adam_ratio", r.adam_ratio},
+                              {"host_bytes", r.host_bytes},
+                              {"chunk_elements", r.chunk_elements},
+                              {"buffers", r.buffers}};
+  return WriteTextFile(path, nlohmann::ordered_json::array({j}).dump(2) + "\n");
+}
+
+int StepMain(const std::vector<std::string>& args, bool short_defaults) {
+  StepBenchOptions o;
+  if (short_defaults) o.params = uint64_t{32} << 20;
+  std::string json_path;
+  std::vector<std::string> paths;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      std::printf("%s", kUsage);
+      return 0;
+    }
+    if (a == "--no-checksums" || a == "--durable") {
+      (a == "--durable" ? o.durable : o.checksums) = a == "--durable";
+      continue;
+    }
+    if (i + 1 >= args.size()) return Fail(InvalidArgumentError(StrCat(a, " needs a value")));
+    const std::string v = args[++i];
+    if (a == "--params") {
+      if (!ParseByteSize(v, &o.params) || o.params == 0) {
+        return Fail(
+            InvalidArgumentError(StrCat("--params: '", v, "' is not a count such as 128M")));
+      }
+    } else if (a == "--tensors" || a == "--buffers" || a == "--threads" || a == "--steps") {
+      auto l = ParseIntList(a, v, a == "--buffers" ? 2 : 1, 1 << 20);
+      if (!l.ok()) return Fail(l.status());
+      (a == "--tensors"   ? o.tensors
+       : a == "--buffers" ? o.buffers
+       : a == "--threads" ? o.threads
+                          : o.steps) = l->front();
+    } else if (a == "--state-on") {
+      auto l =
+          ParseEnumList<StateHome>(a, v, {{"host", StateHome::kHost}, {"nvme", StateHome::kNvme}});
+      if (!l.ok()) return Fail(l.status());
+      o.state_on = l->front();
+    } else if (a == "--path") {
+      paths.push_back(v);
+    } else if (a == "--state") {
+      auto l = ParseEnumList<StatePrecision>(a, v,
+                                             {{"fp32", StatePrecision::kFp32},
+                                              {"bf16", StatePrecision::kBf16},
+                                              {"int8", StatePrecision::kInt8}});
+      if (!l.ok()) return Fail(l.status());
+      o.state = l->front();
+    } else if (a == "--grad-dtype") {
+      auto l = ParseEnumList<DType>(
+          a, v, {{"fp32", DType::kFp32}, {"bf16", DType::kBf16}, {"fp16", DType::kFp16}});
+      if (!l.ok()) return Fail(l.status());
+      o.grad_dtype = l->front();
+      o.copy = o.grad_dtype == DType::kFp16 ? ParamCopy::kFp16 : ParamCopy::kBf16;
+    } else if (a == "--config") {
+      auto config = LoadConfigFile(v);
+      if (!config.ok()) return Fail(config.status());
+      o.aio = config->aio;
+      o.buffers = config->zero_optimization.offload_optimizer.buffer_count;
+      o.state = config->zoffload.optimizer_state;
+      if (config->zoffload.cpu_adam_threads > 0) o.threads = config->zoffload.cpu_adam_threads;
+      auto swap = SwapSpaceOptions::ForOptimizerState(*config);
+      if (swap.ok() && paths.empty()) paths = swap->paths;
+    } else if (a == "--json") {
+      json_path = v;
+    } else if (a == "--trace") {
+      o.trace_path = v;
+    } else {
+      return Fail(InvalidArgumentError(StrCat("unknown option '", a, "'; see --help")));
+    }
+  }
+  if (!paths.empty()) o.paths = paths;
+  auto r = RunStepBench(o);
+  if (!r.ok()) return Fail(r.status());
+  std::printf("\nstep: %llu params in %d tensors, %s state on %s, %s host memory held\n",
+              static_cast<unsigned long long>(r->params), r->tensors, r->state.c_str(),
+              r->state_on.c_str(), HumanBytes(r->host_bytes).c_str());
+  std::printf("step_seconds        %8.3f\n", r->step_seconds);
+  std::printf("adam_bound_seconds  %8.3f   (CPU Adam alone on the same data)   ratio %.3f\n",
+              r->adam_bound_seconds, r->adam_ratio);
+  if (r->state_on == "nvme") {
+    std::printf("bytes read/written  %s / %s\n", HumanBytes(r->bytes_read).c_str(),
+                HumanBytes(r->bytes_written).c_str());
+    std::printf(
+        "io_bound_seconds    %8.3f   (the disk alone, reads and writes at once: %.2f GB/s)"
+        "   ratio %.3f\n",
+        r->io_bound_seconds, r->mixed_gbps, r->io_ratio);
+    std::printf("io_serial_seconds   %8.3f   (read %.2f GB/s, then write %.2f GB/s)\n",
+                r->io_serial_seconds, r->read_gbps, r->write_gbps);
+    std::printf("io_pass_seconds     %8.3f   (our pipeline moving the same bytes, no update)\n",
+                r->io_pass_seconds);
+  }
+  if (!o.trace_path.empty()) std::printf("trace written to %s\n", o.trace_path.c_str());
+  if (!json_path.empty()) {
+    if (Status s = WriteStepJson(json_path, *r); !s.ok()) return Fail(s);
+  }
+  return 0;
+}
+
 int GpuMain(const std::string& profile, const std::vector<std::string>& args, bool short_defaults) {
 #if ZO_HAVE_CUDA
   GpuBenchOptions o;
@@ -409,26 +543,34 @@ int Main(int argc, char** argv) {
   if (!args.empty() && args[0] == "adam") {
     return AdamMain(std::vector<std::string>(args.begin() + 1, args.end()), false);
   }
+  if (!args.empty() && args[0] == "step") {
+    return StepMain(std::vector<std::string>(args.begin() + 1, args.end()), false);
+  }
   if (!args.empty() && (args[0] == "pcie" || args[0] == "kernels")) {
     return GpuMain(args[0], std::vector<std::string>(args.begin() + 1, args.end()), false);
   }
   if (!args.empty() && args[0].rfind("--", 0) != 0) {
-    std::fprintf(stderr,
-                 "zoffload-bench: unknown profile '%s' (available: nvme, adam, pcie, kernels)\n%s",
-                 args[0].c_str(), kUsage);
+    std::fprintf(
+        stderr,
+        "zoffload-bench: unknown profile '%s' (available: nvme, adam, step, pcie, kernels)\n%s",
+        args[0].c_str(), kUsage);
     return 2;
   }
   // Every profile this machine supports, short defaults.
   if (!args.empty()) {
-    std::fprintf(stderr,
-                 "zoffload-bench: options go after a profile name (nvme, adam, pcie, kernels)\n%s",
-                 kUsage);
+    std::fprintf(
+        stderr,
+        "zoffload-bench: options go after a profile name (nvme, adam, step, pcie, kernels)\n%s",
+        kUsage);
     return 2;
   }
   std::printf("== nvme (1 GiB temporary file in the current directory) ==\n");
   const int nvme = NvmeMain({}, true);
   std::printf("\n== adam (32M parameters, all physical cores) ==\n");
   const int adam = AdamMain({}, true);
+  std::printf(
+      "\n== step (32M parameters, fp32 state streamed from NVMe in the current directory) ==\n");
+  const int step = StepMain({}, true);
   int gpu = 0;
 #if ZO_HAVE_CUDA
   if (auto gpus = UsableGpuCount(); gpus.ok()) {
@@ -442,7 +584,10 @@ int Main(int argc, char** argv) {
 #else
   std::printf("\n== pcie, kernels: skipped (this build has no CUDA) ==\n");
 #endif
-  return nvme != 0 ? nvme : adam != 0 ? adam : gpu;
+  for (int rc : {nvme, adam, step, gpu}) {
+    if (rc != 0) return rc;
+  }
+  return 0;
 }
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -99,13 +101,16 @@ Status WriteAll(int fd, const std::string& data, const std::string& path) {
   return Status::Ok();
 }
 
-// Replaces `path` atomically with `data`: temp file, fsync, rename, fsync of the directory.
-Status ReplaceFileAtomically(const std::string& path, const std::string& data) {
+// Replaces `path` atomically with `data`: temp file, rename; with `sync`, the file is fsynced
+// before the rename and the directory after it.
+Status ReplaceFileAtomically(const std::string& path, const std::string& data, bool sync) {
   const std::string tmp = path + ".tmp";
   {
     ZO_ASSIGN_OR_RETURN(UniqueFd fd, UniqueFd::Open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644));
     Status s = WriteAll(fd.get(), data, tmp);
-    if (s.ok() && ::fsync(fd.get()) != 0) s = StatusFromErrno(errno, StrCat("fsync ", tmp));
+    if (s.ok() && sync && ::fsync(fd.get()) != 0) {
+      s = StatusFromErrno(errno, StrCat("fsync ", tmp));
+    }
     if (s.ok()) s = fd.Close();
     if (!s.ok()) {
       ::unlink(tmp.c_str());
@@ -118,6 +123,7 @@ Status ReplaceFileAtomically(const std::string& path, const std::string& data) {
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     return StatusFromErrno(errno, StrCat("rename ", tmp, " to ", path));
   }
+  if (!sync) return Status::Ok();
   const std::string dir = std::filesystem::path(path).parent_path().string();
   ZO_ASSIGN_OR_RETURN(UniqueFd dfd,
                       UniqueFd::Open(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY));
@@ -172,6 +178,7 @@ struct SwapSpace::Impl {
   }
 
   Status PersistManifest();  // mu held
+  bool durable() const { return options.durable || !options.checksums; }
   Status OpenFiles(TensorEntry& t, bool create);
   void CloseFiles(TensorEntry& t, bool unlink_files);
   Result<std::vector<IoSegment>> Segments(TensorEntry& t, const std::string& key, uint64_t offset,
@@ -190,7 +197,7 @@ Status SwapSpace::Impl::PersistManifest() {
                   {"checksums", options.checksums},
                   {"generation", generation},
                   {"tensors", std::move(tensors_json)}};
-  return ReplaceFileAtomically(manifest_path, j.dump());
+  return ReplaceFileAtomically(manifest_path, j.dump(), durable());
 }
 
 Status SwapSpace::Impl::OpenFiles(TensorEntry& t, bool create) {
@@ -560,14 +567,31 @@ Status SwapSpace::Commit() {
                                   "' failed; it stays marked as being written"));
     }
   }
+  // Every written file is flushed, concurrently: the block layer merges flushes that are in
+  // flight together, so N files cost about one device cache flush, not N in a row.
+  std::vector<int> files;
   for (auto& [key, t] : impl_->tensors) {
-    if (!t->written_since_commit) continue;
+    if (!t->written_since_commit || !impl_->durable()) continue;
     for (int file : t->files) {
-      if (file >= 0 && ::fdatasync(impl_->engine->fd(file)) != 0) {
-        return StatusFromErrno(errno, StrCat("fdatasync ", impl_->engine->path(file)));
-      }
+      if (file >= 0) files.push_back(file);
     }
   }
+  const size_t workers = std::min<size_t>(files.size(), 16);
+  std::vector<Status> results(workers);
+  {
+    std::vector<std::jthread> threads;
+    for (size_t w = 0; w < workers; ++w) {
+      threads.emplace_back([&, w] {
+        for (size_t i = w; i < files.size() && results[w].ok(); i += workers) {
+          if (::fdatasync(impl_->engine->fd(files[i])) != 0) {
+            results[w] =
+                StatusFromErrno(errno, StrCat("fdatasync ", impl_->engine->path(files[i])));
+          }
+        }
+      });
+    }
+  }
+  for (const Status& r : results) ZO_RETURN_IF_ERROR(r);
   for (auto& [key, t] : impl_->tensors) {
     if (t->state == TensorState::kWriting) {
       t->state = t->has_data ? TensorState::kClean : TensorState::kEmpty;

@@ -12,10 +12,15 @@
 // 3. Manifest. "zoffload-swap.json" in the first directory records the directories, block size,
 //    and per tensor its size, files, block checksums and state. It is replaced atomically
 //    (temp file, fsync, rename, fsync of the directory).
-// 4. Crash evidence. Before the first write to a clean tensor, the manifest durably marks it
-//    "writing"; Commit() flushes the files (fdatasync) and then marks every written tensor
-//    "clean" with its new checksums. Reopening a swap space with a tensor still "writing"
-//    fails with DATA_LOSS naming those tensors: a torn write is never used as consistent.
+// 4. Crash evidence. Before the first write to a clean tensor, the manifest marks it
+//    "writing"; Commit() marks every written tensor "clean" with its new checksums. Reopening
+//    a swap space with a tensor still "writing" fails with DATA_LOSS naming those tensors: a
+//    torn write is never used as consistent. A killed process loses nothing the kernel has
+//    (page cache, device queue), so this needs no flush. Against power loss: with
+//    `durable`, Commit flushes the data (fdatasync) and every manifest update is fsynced, so a
+//    committed state survives; without it (the default) a block the device lost no longer
+//    matches its checksum and its read fails with DATA_LOSS — detected, never used. With
+//    checksums off there is nothing to detect it with, so every commit is durable.
 // 5. A failed write leaves its tensor unreadable (DATA_LOSS) until it is written again.
 //
 // Thread-safety: all methods may be called from any thread; reads and writes of different
@@ -42,6 +47,8 @@ struct SwapSpaceOptions {
   AioConfig aio;
   /// CRC32C per block, verified on every read.
   bool checksums = true;
+  /// Commit flushes data and manifest to the device (see 4.); forced on without checksums.
+  bool durable = false;
   IoBackendKind backend = IoBackendKind::kAuto;
   bool direct_io = true;  ///< see IoEngineOptions::direct_io
   /// Test hook at the I/O seam (see IoEngineOptions).

@@ -1,9 +1,9 @@
 #include "tiers/optimizer_state.h"
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <unordered_set>
 
 #include "common/strings.h"
@@ -13,8 +13,6 @@ namespace zoffload {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-constexpr std::array<const char*, 3> kParts = {".p", ".m", ".v"};
 
 uint64_t RoundUp(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
@@ -37,11 +35,29 @@ double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// FNV-1a over the layout, as 16 hex digits.
+std::string LayoutHash(const std::vector<OptimizerTensor>& tensors, StatePrecision precision,
+                       uint64_t chunk) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::string_view bytes) {
+    for (const char c : bytes) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  };
+  for (const OptimizerTensor& t : tensors) mix(StrCat(t.name, '\0', t.n, '\0'));
+  mix(StrCat(ToString(precision), '\0', chunk));
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out(16, '0');
+  for (int i = 0; i < 16; ++i) out[i] = kHex[(h >> (60 - 4 * i)) & 15];
+  return out;
+}
+
 }  // namespace
 
 struct OptimizerState::Slot {
-  std::array<AlignedBuffer, 3> image;  // params, m, v of one chunk
-  std::array<IoFuture, 3> reads, writes;
+  AlignedBuffer images;  // one chunk's params, m and v images, laid out as on disk
+  IoFuture read, write;
+  std::byte* part(const std::array<uint64_t, 3>& offsets, int i) {
+    return images.data() + offsets[i];
+  }
 };
 
 Result<OptimizerStateOptions> OptimizerStateOptions::FromConfig(const Config& config) {
@@ -71,10 +87,8 @@ Result<OptimizerStateOptions> OptimizerStateOptions::FromConfig(const Config& co
 
 OptimizerState::~OptimizerState() {
   for (auto& slot : slots_) {
-    for (auto* futures : {&slot->reads, &slot->writes}) {
-      for (IoFuture& f : *futures) {
-        if (f.valid()) f.Wait().IgnoreError();
-      }
+    for (IoFuture* f : {&slot->read, &slot->write}) {
+      if (f->valid()) f->Wait().IgnoreError();
     }
   }
 }
@@ -83,11 +97,16 @@ uint64_t OptimizerState::ImageBytes(uint64_t elements, bool moment) const {
   return moment ? AdamMomentBytes(options_.precision, elements) : 4 * elements;
 }
 
-std::pair<uint64_t, uint64_t> OptimizerState::ImageRange(size_t tensor, uint64_t chunk,
-                                                         int part) const {
-  const uint64_t stride = part > 0 ? moment_stride_ : param_stride_;
-  if (chunk + 1 < Chunks(tensor)) return {chunk * stride, stride};
-  return {chunk * stride, ImageBytes(tensors_[tensor].n - chunk * chunk_, part > 0)};
+std::array<uint64_t, 3> OptimizerState::PartOffsets(uint64_t n) const {
+  const uint64_t m = RoundUp(ImageBytes(n, false), block_);
+  return {0, m, m + RoundUp(ImageBytes(n, true), block_)};
+}
+
+std::pair<uint64_t, uint64_t> OptimizerState::ItemRange(size_t k) const {
+  const Item& it = items_[k];
+  const uint64_t v = PartOffsets(it.n)[2];
+  const uint64_t bytes = v + ImageBytes(it.n, true);
+  return {it.offset, k + 1 < items_.size() ? RoundUp(bytes, block_) : bytes};
 }
 
 Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<OptimizerTensor> tensors,
@@ -138,27 +157,26 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
     return state;
   }
   ZO_ASSIGN_OR_RETURN(state->swap_, SwapSpace::Open(state->options_.swap));
-  const uint64_t block = state->swap_->block_size();
-  state->param_stride_ = RoundUp(state->ImageBytes(chunk, false), block);
-  state->moment_stride_ = RoundUp(state->ImageBytes(chunk, true), block);
-  for (size_t i = 0; i < state->tensors_.size(); ++i) {
-    const OptimizerTensor& t = state->tensors_[i];
-    const uint64_t chunks = state->Chunks(i);
-    const uint64_t last = t.n - (chunks - 1) * chunk;
-    for (int part = 0; part < 3; ++part) {
-      const bool moment = part > 0;
-      const uint64_t stride = moment ? state->moment_stride_ : state->param_stride_;
-      ZO_RETURN_IF_ERROR(state->swap_->Allocate(
-          t.name + kParts[part], (chunks - 1) * stride + state->ImageBytes(last, moment)));
+  state->block_ = state->swap_->block_size();
+  uint64_t end = 0, biggest = 0;
+  for (size_t t = 0; t < state->tensors_.size(); ++t) {
+    state->first_item_.push_back(state->items_.size());
+    for (uint64_t first = 0; first < state->tensors_[t].n; first += chunk) {
+      state->items_.push_back({t, first, std::min(chunk, state->tensors_[t].n - first), end});
+      const uint64_t padded = state->ItemRange(state->items_.size() - 1).second;
+      const uint64_t bytes = RoundUp(padded, state->block_);
+      end += bytes;
+      biggest = std::max(biggest, bytes);
     }
   }
+  state->first_item_.push_back(state->items_.size());
+  state->key_ = StrCat("optimizer-", LayoutHash(state->tensors_, precision, chunk));
+  const auto [last_offset, last_bytes] = state->ItemRange(state->items_.size() - 1);
+  ZO_RETURN_IF_ERROR(state->swap_->Allocate(state->key_, last_offset + last_bytes));
   for (int b = 0; b < state->options_.pipeline.buffers; ++b) {
     auto slot = std::make_unique<Slot>();
-    for (int part = 0; part < 3; ++part) {
-      const uint64_t bytes = part > 0 ? state->moment_stride_ : state->param_stride_;
-      ZO_ASSIGN_OR_RETURN(slot->image[part], AlignedBuffer::Allocate(bytes, 4096, true));
-      ZO_RETURN_IF_ERROR(state->swap_->engine().RegisterBuffer(slot->image[part].span()));
-    }
+    ZO_ASSIGN_OR_RETURN(slot->images, AlignedBuffer::Allocate(biggest, 4096, true));
+    ZO_RETURN_IF_ERROR(state->swap_->engine().RegisterBuffer(slot->images.span()));
     state->slots_.push_back(std::move(slot));
   }
   return state;
@@ -169,9 +187,7 @@ uint64_t OptimizerState::host_bytes() const {
   for (const auto& list : {&params_, &m_, &v_}) {
     for (const AlignedBuffer& b : *list) total += b.size();
   }
-  for (const auto& slot : slots_) {
-    for (const AlignedBuffer& b : slot->image) total += b.size();
-  }
+  for (const auto& slot : slots_) total += slot->images.size();
   return total;
 }
 
@@ -185,20 +201,16 @@ Status OptimizerState::Initialize(size_t i, const float* params) {
     return Status::Ok();
   }
   ZO_RETURN_IF_ERROR(broken_);
-  std::vector<std::string> keys;
-  for (const char* part : kParts) keys.push_back(t.name + part);
-  ZO_RETURN_IF_ERROR(swap_->BeginWrite(keys));
+  ZO_RETURN_IF_ERROR(swap_->BeginWrite({key_}));
   Slot& slot = *slots_[0];
-  for (uint64_t c = 0; c < Chunks(i); ++c) {
-    const uint64_t len = std::min(chunk_, t.n - c * chunk_);
-    std::memcpy(slot.image[0].data(), params + c * chunk_, 4 * len);
-    std::memset(slot.image[1].data(), 0, slot.image[1].size());
-    std::memset(slot.image[2].data(), 0, slot.image[2].size());
-    for (int part = 0; part < 3; ++part) {
-      const auto [offset, bytes] = ImageRange(i, c, part);
-      slot.writes[part] = swap_->Write(keys[part], offset, {slot.image[part].data(), bytes});
-    }
-    for (IoFuture& f : slot.writes) ZO_RETURN_IF_ERROR(f.Wait());
+  for (size_t k = first_item_[i]; k < first_item_[i + 1]; ++k) {
+    const auto offsets = PartOffsets(items_[k].n);
+    const auto [offset, bytes] = ItemRange(k);
+    std::memset(slot.images.data(), 0, bytes);  // zero moments (and padding)
+    std::memcpy(slot.part(offsets, 0), params + items_[k].first, 4 * items_[k].n);
+    ZO_RETURN_IF_ERROR(swap_->Write(key_, offset, {slot.images.data(), bytes})
+                           .Wait()
+                           .WithContext(StrCat("initializing '", t.name, "'")));
   }
   return swap_->Commit();
 }
@@ -217,24 +229,23 @@ Status OptimizerState::Read(size_t i, float* params, void* m, void* v) {
   const uint64_t codes_total = MomentCodeBytes(p, t.n);
   Slot& slot = *slots_[0];
   void* moments[2] = {m, v};
-  for (uint64_t c = 0; c < Chunks(i); ++c) {
-    const uint64_t len = std::min(chunk_, t.n - c * chunk_);
-    for (int part = 0; part < 3; ++part) {
-      const auto [offset, bytes] = ImageRange(i, c, part);
-      slot.reads[part] =
-          swap_->Read(t.name + kParts[part], offset, {slot.image[part].data(), bytes});
-    }
-    for (IoFuture& f : slot.reads) ZO_RETURN_IF_ERROR(f.Wait());
-    std::memcpy(params + c * chunk_, slot.image[0].data(), 4 * len);
-    for (int k = 0; k < 2; ++k) {
-      auto* out = static_cast<std::byte*>(moments[k]);
-      const std::byte* image = slot.image[k + 1].data();
-      const uint64_t code_bytes = MomentCodeBytes(p, len);
-      std::memcpy(out + MomentCodeBytes(p, c * chunk_), image,
-                  p == StatePrecision::kInt8 ? len : code_bytes);
+  for (size_t k = first_item_[i]; k < first_item_[i + 1]; ++k) {
+    const Item& it = items_[k];
+    const auto offsets = PartOffsets(it.n);
+    const auto [offset, bytes] = ItemRange(k);
+    ZO_RETURN_IF_ERROR(swap_->Read(key_, offset, {slot.images.data(), bytes})
+                           .Wait()
+                           .WithContext(StrCat("reading '", t.name, "'")));
+    std::memcpy(params + it.first, slot.part(offsets, 0), 4 * it.n);
+    for (int j = 0; j < 2; ++j) {
+      auto* out = static_cast<std::byte*>(moments[j]);
+      const std::byte* image = slot.part(offsets, j + 1);
+      const uint64_t code_bytes = MomentCodeBytes(p, it.n);
+      std::memcpy(out + MomentCodeBytes(p, it.first), image,
+                  p == StatePrecision::kInt8 ? it.n : code_bytes);
       if (p == StatePrecision::kInt8) {  // scales follow the codes, in both layouts
-        const uint64_t scales = (len + kInt8StateBlock - 1) / kInt8StateBlock;
-        std::memcpy(out + codes_total + 4 * (c * chunk_ / kInt8StateBlock), image + code_bytes,
+        const uint64_t scales = (it.n + kInt8StateBlock - 1) / kInt8StateBlock;
+        std::memcpy(out + codes_total + 4 * (it.first / kInt8StateBlock), image + code_bytes,
                     4 * scales);
       }
     }
@@ -311,97 +322,91 @@ Result<StepStats> OptimizerState::IoOnlyPass() {
 
 Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHyper* hyper,
                               float grad_scale, StepStats* stats) {
-  struct Item {
-    size_t tensor;
-    uint64_t chunk;
-  };
-  std::vector<Item> items;
-  std::vector<std::string> keys;
-  for (size_t t = 0; t < tensors_.size(); ++t) {
-    for (uint64_t c = 0; c < Chunks(t); ++c) items.push_back({t, c});
-    for (const char* part : kParts) keys.push_back(tensors_[t].name + part);
-  }
-  ZO_RETURN_IF_ERROR(swap_->BeginWrite(keys));
   Tracer* tracer = options_.tracer;
+  const auto begin_start = Clock::now();
+  ZO_RETURN_IF_ERROR(swap_->BeginWrite({key_}));
+  if (tracer != nullptr) tracer->Record("manifest", "mark writing", begin_start, Clock::now());
   const size_t buffers = slots_.size();
   const PipelineOptions& po = options_.pipeline;
   const size_t lookahead = !po.overlap_read ? 0 : po.overlap_write ? buffers - 2 : buffers - 1;
   Status status;
-  auto note = [&](const Status& s) {
-    if (status.ok() && !s.ok()) status = s;
-  };
-  auto wait = [&](std::array<IoFuture, 3>& futures) {
-    const auto t0 = Clock::now();
-    for (IoFuture& f : futures) {
-      if (f.valid()) note(f.Wait());
+  auto note = [&](const Status& s, size_t k, const char* what) {
+    if (status.ok() && !s.ok()) {
+      const Item& it = items_[k];
+      status = s.WithContext(StrCat(what, " '", tensors_[it.tensor].name, "' elements [", it.first,
+                                    ", ", it.first + it.n, ")"));
     }
+  };
+  auto wait = [&](IoFuture& f, size_t k, const char* what) {
+    if (!f.valid()) return;
+    const auto t0 = Clock::now();
+    note(f.Wait(), k, what);
     stats->io_wait_seconds += Since(t0);
   };
-  auto traced = [&](const char* track, const Item& it,
-                    int part) -> std::function<void(const Status&)> {
+  auto traced = [&](const char* track, size_t k) -> std::function<void(const Status&)> {
     if (tracer == nullptr) return {};
+    const Item& it = items_[k];
     return [tracer, track, start = Clock::now(),
-            name = StrCat(tensors_[it.tensor].name, kParts[part], "[", it.chunk, "]")](
-               const Status&) { tracer->Record(track, name, start, Clock::now()); };
+            name = StrCat(tensors_[it.tensor].name, "[", it.first, "+", it.n, "]")](const Status&) {
+      tracer->Record(track, name, start, Clock::now());
+    };
   };
-  auto start_reads = [&](size_t i) {
-    Slot& slot = *slots_[i % buffers];
-    wait(slot.writes);  // the slot's previous chunk is on disk
+  std::vector<size_t> slot_item(buffers, 0);  // the item each slot holds
+  auto start_reads = [&](size_t k) {
+    Slot& slot = *slots_[k % buffers];
+    wait(slot.write, slot_item[k % buffers], "writing");  // the slot's last chunk is on disk
     if (!status.ok()) return;
-    const Item& it = items[i];
-    for (int part = 0; part < 3; ++part) {
-      const auto [offset, len] = ImageRange(it.tensor, it.chunk, part);
-      slot.reads[part] = swap_->Read(tensors_[it.tensor].name + kParts[part], offset,
-                                     {slot.image[part].data(), len}, traced("nvme read", it, part));
-      stats->bytes_read += len;
-    }
+    slot_item[k % buffers] = k;
+    const auto [offset, len] = ItemRange(k);
+    slot.read = swap_->Read(key_, offset, {slot.images.data(), len}, traced("nvme read", k));
+    stats->bytes_read += len;
   };
   size_t next = 0;
-  for (size_t i = 0; i < items.size() && status.ok(); ++i) {
-    while (next < items.size() && next <= i + lookahead && status.ok()) start_reads(next++);
-    Slot& slot = *slots_[i % buffers];
-    wait(slot.reads);
+  for (size_t k = 0; k < items_.size() && status.ok(); ++k) {
+    while (next < items_.size() && next <= k + lookahead && status.ok()) start_reads(next++);
+    Slot& slot = *slots_[k % buffers];
+    wait(slot.read, k, "reading");
     if (!status.ok()) break;
-    const Item& it = items[i];
+    const Item& it = items_[k];
+    const auto offsets = PartOffsets(it.n);
     if (hyper != nullptr) {
       const TensorGrads& g = grads[it.tensor];
-      const uint64_t first = it.chunk * chunk_;
       AdamShard shard;
-      shard.params = slot.image[0].as<float>();
-      shard.n = std::min(chunk_, tensors_[it.tensor].n - first);
+      shard.params = reinterpret_cast<float*>(slot.part(offsets, 0));
+      shard.n = it.n;
       shard.state = options_.precision;
-      shard.m = slot.image[1].data();
-      shard.v = slot.image[2].data();
-      shard.grads = static_cast<const char*>(g.grads) + first * ElemBytes(g.dtype);
+      shard.m = slot.part(offsets, 1);
+      shard.v = slot.part(offsets, 2);
+      shard.grads = static_cast<const char*>(g.grads) + it.first * ElemBytes(g.dtype);
       shard.grad_dtype = g.dtype;
       shard.copy = g.copy;
       if (g.copy != ParamCopy::kNone) {
-        shard.param_copy = static_cast<char*>(g.param_copy) + first * 2;
+        shard.param_copy = static_cast<char*>(g.param_copy) + it.first * 2;
       }
-      shard.index_offset = first;
+      shard.index_offset = it.first;
       const auto t0 = Clock::now();
-      note(AdamUpdate(shard, *hyper, grad_scale, options_.threads));
+      note(AdamUpdate(shard, *hyper, grad_scale, options_.threads), k, "updating");
       stats->adam_seconds += Since(t0);
       if (tracer != nullptr) {
-        tracer->Record("cpu adam", StrCat(tensors_[it.tensor].name, "[", it.chunk, "]"), t0,
-                       Clock::now());
+        tracer->Record("cpu adam", StrCat(tensors_[it.tensor].name, "[", it.first, "+", it.n, "]"),
+                       t0, Clock::now());
       }
       if (!status.ok()) break;
     }
-    for (int part = 0; part < 3; ++part) {
-      const auto [offset, len] = ImageRange(it.tensor, it.chunk, part);
-      slot.writes[part] =
-          swap_->Write(tensors_[it.tensor].name + kParts[part], offset,
-                       {slot.image[part].data(), len}, traced("nvme write", it, part));
-      stats->bytes_written += len;
-    }
-    if (!po.overlap_write) wait(slot.writes);
+    const auto [offset, len] = ItemRange(k);
+    slot.write = swap_->Write(key_, offset, {slot.images.data(), len}, traced("nvme write", k));
+    stats->bytes_written += len;
+    if (!po.overlap_write) wait(slot.write, k, "writing");
   }
-  for (auto& slot : slots_) {  // nothing may be in flight once the step returns
-    wait(slot->reads);
-    wait(slot->writes);
+  for (size_t b = 0; b < buffers; ++b) {  // nothing may be in flight once the step returns
+    wait(slots_[b]->read, slot_item[b], "reading");
+    wait(slots_[b]->write, slot_item[b], "writing");
   }
-  if (status.ok()) status = swap_->Commit();
+  if (status.ok()) {
+    const auto commit_start = Clock::now();
+    status = swap_->Commit();
+    if (tracer != nullptr) tracer->Record("manifest", "commit", commit_start, Clock::now());
+  }
   if (!status.ok()) {
     broken_ = status.WithContext(
         "an earlier optimizer step failed midway; the state on disk mixes two steps and is "

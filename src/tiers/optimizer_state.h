@@ -5,9 +5,12 @@
 // 1. The gradients (host memory) are checked and normed first (GradientNorm): on inf/NaN the
 //    step is skipped before any byte is read or written; otherwise the clip coefficient and
 //    1/loss_scale become one gradient scale.
-// 2. Every tensor is cut into chunks of chunk_elements(); chunk c of a tensor's params, m and
-//    v is stored at c * stride of its three swap tensors ("<name>.p", ".m", ".v"), each chunk
-//    image padded to the swap block size, so one chunk is three block-aligned requests.
+// 2. Every tensor is cut into chunks of chunk_elements(). The state of all tensors lives in
+//    one swap tensor, "optimizer-<layout>" (<layout>: a hash of the tensor names and sizes, the
+//    precision and the chunk size, so a different model never reads another's state): chunk
+//    after chunk, each chunk's params, m and v images side by side, each starting at a block
+//    boundary. A chunk is one request each way, and a step reads and writes the file front to
+//    back: two sequential streams, the pattern disks serve best.
 // 3. The chunks of all tensors stream through `buffers` slots of host memory: while chunk i is
 //    updated by CPU Adam, chunks i+1.. are read and chunk i-1 is written back. A slot is
 //    reused only after its write-back has completed. Host memory is the slots, never the state.
@@ -22,6 +25,7 @@
 // Thread-safety: one thread at a time (a step uses the Adam threads and I/O threads itself).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -112,18 +116,30 @@ class OptimizerState {
  private:
   struct Slot;
   OptimizerState() = default;
-  uint64_t Chunks(size_t i) const { return (tensors_[i].n + chunk_ - 1) / chunk_; }
+  // One chunk of one tensor, and where its images lie in the swap tensors.
+  struct Item {
+    size_t tensor;
+    uint64_t first;   // element index of the chunk in its tensor
+    uint64_t n;       // elements
+    uint64_t offset;  // byte offset of the chunk's images in the swap tensor
+  };
   uint64_t ImageBytes(uint64_t elements, bool moment) const;
-  // Where chunk `chunk` of part `part` (0 params, 1 m, 2 v) of a tensor lies in its swap
-  // tensor: offset and length (the padded image, or up to the end for the last chunk).
-  std::pair<uint64_t, uint64_t> ImageRange(size_t tensor, uint64_t chunk, int part) const;
+  // Where the m and v images of an n-element chunk start within the chunk's images.
+  std::array<uint64_t, 3> PartOffsets(uint64_t n) const;
+  // Byte range of item k: its images, padded to the block size, or up to the swap tensor's
+  // end for the last item.
+  std::pair<uint64_t, uint64_t> ItemRange(size_t k) const;
+  // Runs every item through the slots: read, update (when `hyper`), write back; commits.
   Status Stream(std::span<const TensorGrads> grads, const AdamHyper* hyper, float grad_scale,
                 StepStats* stats);
 
   std::vector<OptimizerTensor> tensors_;
   OptimizerStateOptions options_;
   uint64_t chunk_ = 0;
-  uint64_t param_stride_ = 0, moment_stride_ = 0;  // bytes between chunk images
+  std::vector<Item> items_;         // home nvme: every chunk of every tensor, in order
+  std::vector<size_t> first_item_;  // items_ index of each tensor's first chunk (+ end)
+  std::string key_;                 // the swap tensor
+  uint64_t block_ = 0;
   // Home host: the state itself.
   std::vector<AlignedBuffer> params_, m_, v_;
   // Home nvme.

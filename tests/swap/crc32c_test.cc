@@ -18,9 +18,10 @@ TEST(Crc32cTest, KnownVectors) {
 }
 
 TEST(Crc32cTest, HardwareMatchesPortableOnRandomData) {
-  std::vector<unsigned char> data((1 << 16) + 8);
+  std::vector<unsigned char> data((1 << 20) + 8);
   testing::FillRandom(data.data(), data.size(), 42);
-  for (size_t len : {1, 7, 8, 9, 63, 4096, 65535}) {
+  // Around the three-stripe rounds of the hardware path (3 x 8 KiB) and across many of them.
+  for (size_t len : {1, 7, 8, 9, 63, 4096, 24575, 24576, 24577, 65535, 1 << 20}) {
     for (size_t offset : {0, 1, 3}) {
       EXPECT_EQ(Crc32c(data.data() + offset, len), Crc32cPortable(data.data() + offset, len))
           << len << " " << offset;

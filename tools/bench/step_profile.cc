@@ -1,0 +1,270 @@
+#include "bench/step_profile.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <initializer_list>
+#include <memory>
+#include <random>
+
+#include "bench/bench_util.h"
+#include "common/aligned_buffer.h"
+#include "common/errno_status.h"
+#include "common/strings.h"
+#include "common/trace.h"
+#include "swap/io_engine.h"
+
+namespace zoffload::bench {
+namespace {
+
+// Directories for the swap space, one under each path, removed with their files on return.
+struct TempDirs {
+  std::vector<std::string> dirs;
+  ~TempDirs() {
+    std::error_code ec;
+    for (const std::string& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+struct DiskBounds {
+  double read_gbps = 0, write_gbps = 0;
+  double mixed_gbps = 0;  ///< reads and writes of equal size at once, bytes of both per second
+};
+
+// The disk alone, on `dir` with the step's aio settings, through the I/O engine without the
+// swap space: a write pass, a read pass, and a mixed pass reading one half of a file while
+// writing the other (as a step does). With `durable`, writes end with fdatasync, as a durable
+// step's commit does.
+Result<DiskBounds> MeasureDisk(const std::string& dir, const AioConfig& aio, uint64_t bytes,
+                               bool durable) {
+  constexpr uint64_t kRequest = uint64_t{16} << 20;
+  constexpr int kInFlight = 8;  // per direction
+  const uint64_t half =
+      std::max(kRequest, std::min(bytes, uint64_t{4} << 30) / kRequest * kRequest);
+  IoEngineOptions eo;
+  eo.aio = aio;
+  ZO_ASSIGN_OR_RETURN(auto engine, IoEngine::Create(std::move(eo)));
+  const std::string path = dir + "/zoffload-disk-probe";
+  ZO_ASSIGN_OR_RETURN(const int file, engine->OpenFile(path, O_RDWR | O_CREAT | O_TRUNC));
+  if (::fallocate(engine->fd(file), 0, 0, static_cast<off_t>(2 * half)) != 0) {
+    return StatusFromErrno(errno, StrCat("fallocate ", path));
+  }
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer buffers,
+                      AlignedBuffer::Allocate(2 * kInFlight * kRequest, 4096, true));
+  ZO_RETURN_IF_ERROR(engine->RegisterBuffer(buffers.span()));
+  // Moves [begin, begin + len) of the file in one direction, kInFlight requests at a time,
+  // using buffer slots [slot0, slot0 + kInFlight).
+  struct Stream {
+    IoOp op;
+    uint64_t begin, len;
+    int slot0;
+    uint64_t next = 0;
+    std::vector<IoFuture> inflight = {};
+  };
+  auto run = [&](std::initializer_list<std::array<uint64_t, 4>> specs) -> Result<double> {
+    std::vector<Stream> streams;
+    for (const auto& [op, begin, len, slot0] : specs) {
+      streams.push_back(
+          {op == 0 ? IoOp::kRead : IoOp::kWrite, begin, len, static_cast<int>(slot0)});
+    }
+    const auto start = std::chrono::steady_clock::now();
+    for (bool busy = true; busy;) {
+      busy = false;
+      for (Stream& st : streams) {
+        if (st.next >= st.len && st.inflight.empty()) continue;
+        busy = true;
+        if (st.inflight.size() == kInFlight || st.next >= st.len) {
+          ZO_RETURN_IF_ERROR(st.inflight.front().Wait());
+          st.inflight.erase(st.inflight.begin());
+          continue;
+        }
+        const int slot = st.slot0 + static_cast<int>((st.next / kRequest) % kInFlight);
+        IoSegment seg;
+        seg.file = file;
+        seg.file_offset = st.begin + st.next;
+        seg.data = buffers.data() + slot * kRequest;
+        seg.length = kRequest;
+        st.inflight.push_back(engine->Submit(st.op, {seg}, path));
+        st.next += kRequest;
+      }
+    }
+    for (const Stream& st : streams) {
+      if (durable && st.op == IoOp::kWrite && ::fdatasync(engine->fd(file)) != 0) {
+        return StatusFromErrno(errno, StrCat("fdatasync ", path));
+      }
+    }
+    return SecondsSince(start);
+  };
+  DiskBounds out;
+  // {op (0 read, 1 write), first byte, bytes, first buffer slot}
+  ZO_ASSIGN_OR_RETURN(const double write_s, run({{1, 0, 2 * half, 0}}));
+  out.write_gbps = 2.0 * half / write_s / 1e9;
+  ZO_ASSIGN_OR_RETURN(const double read_s, run({{0, 0, half, 0}}));
+  out.read_gbps = half / read_s / 1e9;
+  ZO_ASSIGN_OR_RETURN(const double mixed_s, run({{0, 0, half, 0}, {1, half, half, kInFlight}}));
+  out.mixed_gbps = 2.0 * half / mixed_s / 1e9;
+  ZO_RETURN_IF_ERROR(engine->CloseFile(file));
+  ::unlink(path.c_str());
+  std::fprintf(stderr, "  disk alone: write %.2f GB/s, read %.2f GB/s, both at once %.2f GB/s\n",
+               out.write_gbps, out.read_gbps, out.mixed_gbps);
+  return out;
+}
+
+}  // namespace
+
+Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
+  if (o.tensors < 1 || o.params < static_cast<uint64_t>(o.tensors)) {
+    return InvalidArgumentError(
+        StrCat("step: ", o.params, " params cannot fill ", o.tensors, " tensors"));
+  }
+  StepRecord rec;
+  rec.params = o.params;
+  rec.tensors = o.tensors;
+  rec.state_on = o.state_on == StateHome::kNvme ? "nvme" : "host";
+  rec.state = std::string(ToString(o.state));
+  TempDirs temp;
+  OptimizerStateOptions so;
+  so.home = o.state_on;
+  so.precision = o.state;
+  so.threads = o.threads;
+  so.pipeline.buffers = o.buffers;
+  std::unique_ptr<Tracer> tracer;
+  if (!o.trace_path.empty()) {
+    tracer = std::make_unique<Tracer>(o.trace_path);
+    so.tracer = tracer.get();
+  }
+  if (o.state_on == StateHome::kNvme) {
+    for (const std::string& path : o.paths) {
+      std::string tmpl = path + "/zoffload-step-XXXXXX";
+      if (::mkdtemp(tmpl.data()) == nullptr) {
+        return Status(StatusCode::kPermissionDenied,
+                      StrCat("step: cannot create a directory in ", path), errno);
+      }
+      temp.dirs.push_back(tmpl);
+    }
+    so.swap.paths = temp.dirs;
+    so.swap.aio = o.aio;
+    so.swap.checksums = o.checksums;
+    so.swap.durable = o.durable;
+  }
+  std::vector<OptimizerTensor> tensors;
+  const uint64_t per = o.params / o.tensors;
+  for (int t = 0; t < o.tensors; ++t) {
+    tensors.push_back({StrCat("layer", t, ".weight"),
+                       t + 1 == o.tensors ? o.params - per * (o.tensors - 1) : per});
+  }
+  ZO_ASSIGN_OR_RETURN(auto state, OptimizerState::Create(tensors, so));
+  rec.chunk_elements = state->chunk_elements();
+  rec.buffers = o.buffers;
+  rec.host_bytes = state->host_bytes();
+
+  // Parameters, gradients and the copy buffer: host memory of the size of the largest tensor
+  // (gradients are shared by every tensor: the step reads them, it does not care whose).
+  const uint64_t largest = tensors.back().n;
+  const size_t gb = o.grad_dtype == DType::kFp32 ? 4 : 2;
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer init, AlignedBuffer::Allocate(4 * largest, 64, true));
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer grads, AlignedBuffer::Allocate(gb * largest, 64, true));
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer copy, AlignedBuffer::Allocate(2 * largest, 64, true));
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  for (uint64_t i = 0; i < largest; ++i) {
+    const float x = normal(rng);
+    init.as<float>()[i] = x;
+    if (o.grad_dtype == DType::kFp32) {
+      grads.as<float>()[i] = x * 1e-3f;
+    } else {  // bf16 and fp16 bit patterns of small values are both plausible gradients
+      grads.as<uint16_t>()[i] = static_cast<uint16_t>(0x3000 + (i * 2654435761u >> 20) % 0x800);
+    }
+  }
+  Progress init_progress(
+      StrCat("step: writing the initial state of ", HumanBytes(o.params), " params"), o.tensors);
+  for (int t = 0; t < o.tensors; ++t) {
+    ZO_RETURN_IF_ERROR(state->Initialize(t, init.as<float>()));
+    init_progress.Step(tensors[t].name);
+  }
+  init_progress.Done();
+  std::vector<TensorGrads> tg(o.tensors,
+                              TensorGrads{grads.data(), o.grad_dtype, copy.data(), o.copy});
+
+  // The steps, one warm-up then the timed ones; with NVMe state each step is followed by an
+  // I/O-only pass over the same bytes, so both see the disk in the same state.
+  AdamHyper hyper;
+  hyper.lr = 1e-4f;
+  std::vector<double> times, io;
+  for (int s = 0; s <= o.steps; ++s) {
+    hyper.step = s + 1;
+    ZO_ASSIGN_OR_RETURN(const AdamStepResult r, state->Step(tg, hyper));
+    if (r.skipped) return InternalError("step: the benchmark's gradients overflowed");
+    const double seconds = state->last_step().seconds;
+    std::fprintf(stderr, "  step %d: %.3f s%s", s, seconds, s == 0 ? " (warm-up)" : "");
+    if (s > 0) times.push_back(seconds);
+    if (s > 0 && o.state_on == StateHome::kNvme) {
+      ZO_ASSIGN_OR_RETURN(const StepStats pass, state->IoOnlyPass());
+      io.push_back(pass.seconds);
+      std::fprintf(stderr, "; I/O-only pass %.3f s", pass.seconds);
+    }
+    std::fprintf(stderr, "\n");
+  }
+  rec.step_seconds = Median(times);
+  rec.bytes_read = state->last_step().bytes_read;
+  rec.bytes_written = state->last_step().bytes_written;
+
+  // CPU Adam alone on the same amount of data: norm + update over one tensor's worth of
+  // in-memory state, scaled to all tensors.
+  {
+    ZO_ASSIGN_OR_RETURN(AlignedBuffer m,
+                        AlignedBuffer::Allocate(AdamMomentBytes(o.state, largest), 64, true));
+    ZO_ASSIGN_OR_RETURN(AlignedBuffer v,
+                        AlignedBuffer::Allocate(AdamMomentBytes(o.state, largest), 64, true));
+    std::memset(m.data(), 0, m.size());
+    std::memset(v.data(), 0, v.size());
+    AdamShard shard;
+    shard.params = init.as<float>();
+    shard.n = largest;
+    shard.state = o.state;
+    shard.m = m.data();
+    shard.v = v.data();
+    shard.grads = grads.data();
+    shard.grad_dtype = o.grad_dtype;
+    shard.param_copy = copy.data();
+    shard.copy = o.copy;
+    std::vector<double> adam;
+    for (int s = 0; s <= o.steps; ++s) {
+      hyper.step = s + 1;
+      const auto start = std::chrono::steady_clock::now();
+      ZO_RETURN_IF_ERROR(AdamStep({&shard, 1}, hyper, 1.0f, 0.0f, o.threads).status());
+      if (s > 0) adam.push_back(SecondsSince(start));
+    }
+    rec.adam_bound_seconds = Median(adam) * static_cast<double>(o.params) / largest;
+  }
+  rec.adam_ratio = rec.step_seconds / rec.adam_bound_seconds;
+
+  if (o.state_on == StateHome::kNvme) {
+    ZO_ASSIGN_OR_RETURN(const DiskBounds disk,
+                        MeasureDisk(temp.dirs.front(), o.aio, rec.bytes_read, o.durable));
+    rec.read_gbps = disk.read_gbps;
+    rec.write_gbps = disk.write_gbps;
+    rec.mixed_gbps = disk.mixed_gbps;
+    rec.io_serial_seconds =
+        rec.bytes_read / (rec.read_gbps * 1e9) + rec.bytes_written / (rec.write_gbps * 1e9);
+    rec.io_bound_seconds = (rec.bytes_read + rec.bytes_written) / (disk.mixed_gbps * 1e9);
+    rec.io_ratio = rec.step_seconds / rec.io_bound_seconds;
+    rec.io_pass_seconds = Median(io);
+  }
+  if (tracer) ZO_RETURN_IF_ERROR(tracer->Write());
+  return rec;
+}
+
+}  // namespace zoffload::bench
