@@ -79,8 +79,10 @@ struct OffloadOptimizerConfig {
   /// Share of the optimizer state updated on the offload device, in (0, 1]; the rest
   /// stays on the GPU (DeepSpeed's partial offload).
   double ratio = 1.0;
-  bool pipeline_read = false;   ///< overlap reading the next shard with the current update
-  bool pipeline_write = false;  ///< overlap writing the previous shard with the current update
+  /// Overlap reading the next shards with the current update. DeepSpeed defaults to false;
+  /// zoffload overlaps unless told not to (results are bit-identical either way).
+  bool pipeline_read = true;
+  bool pipeline_write = true;  ///< overlap writing the previous shard with the current update
   bool operator==(const OffloadOptimizerConfig&) const = default;
 };
 
