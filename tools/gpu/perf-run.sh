@@ -12,7 +12,8 @@ echo "== tiers tests"
 build-gpu/tests/tiers_test --gtest_brief=1 2>&1 | tail -3
 echo "== compute-sanitizer memcheck over the gpu suite (memory errors only; API errors the"
 echo "   suite provokes on purpose and NCCL's probing of other architectures are not reported)"
-timeout 300 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 9 \
+cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+timeout 300 "$cs" --tool memcheck --report-api-errors no --error-exitcode 9 \
   build-gpu/tests/gpu_test --gtest_brief=1 > "$out/memcheck.txt" 2>&1
 echo "memcheck exit $?"; tail -3 "$out/memcheck.txt"
 echo "== kernels"; $bench kernels --json "$out/kernels.json" 2>/dev/null | tail -10
