@@ -1,6 +1,7 @@
 #include "swap/swap_space.h"
 
 #include <fcntl.h>
+#include <omp.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
@@ -25,6 +26,7 @@
 #include "common/strings.h"
 #include "common/topology.h"
 #include "common/unique_fd.h"
+#include "swap/crc32c.h"
 
 namespace zoffload {
 namespace {
@@ -269,7 +271,7 @@ Result<std::vector<IoSegment>> SwapSpace::Impl::Segments(TensorEntry& t, const s
     seg.file_offset = (j / dirs()) * block;
     seg.data = data + off;
     seg.length = std::min(block, length - off);
-    seg.crc = options.checksums ? &t.crc[j] : nullptr;
+    seg.crc = options.checksums && !options.caller_checksums ? &t.crc[j] : nullptr;
     seg.logical_offset = offset + off;
     segments.push_back(seg);
   }
@@ -556,6 +558,70 @@ IoFuture SwapSpace::Read(const std::string& key, uint64_t offset, std::span<std:
   }
   return impl_->engine->Submit(IoOp::kRead, std::move(segments), StrCat("tensor '", key, "'"),
                                std::move(on_done));
+}
+
+namespace {
+
+// CRC32C of each block of `data`, in parallel.
+std::vector<uint32_t> BlockChecksums(std::span<const std::byte> data, uint64_t block, int threads) {
+  const int64_t blocks = static_cast<int64_t>((data.size() + block - 1) / block);
+  std::vector<uint32_t> crcs(blocks);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads != 1 && blocks > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint64_t off = b * block;
+    crcs[b] = Crc32c(data.data() + off, std::min<uint64_t>(block, data.size() - off));
+  }
+  return crcs;
+}
+
+int OmpThreads(int threads) { return threads > 0 ? threads : omp_get_max_threads(); }
+
+}  // namespace
+
+Status SwapSpace::Checksum(const std::string& key, uint64_t offset, std::span<const std::byte> data,
+                           int threads) {
+  if (!impl_->options.checksums) return Status::Ok();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->tensors.find(key);
+    if (it == impl_->tensors.end())
+      return NotFoundError(StrCat("no tensor '", key, "' in swap space"));
+    ZO_RETURN_IF_ERROR(impl_->Segments(*it->second, key, offset, data.size(), nullptr).status());
+  }
+  const std::vector<uint32_t> crcs = BlockChecksums(data, impl_->block, OmpThreads(threads));
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  TensorEntry& t = *impl_->tensors.at(key);
+  std::copy(crcs.begin(), crcs.end(),
+            t.crc.begin() + static_cast<ptrdiff_t>(offset / impl_->block));
+  return Status::Ok();
+}
+
+Status SwapSpace::Verify(const std::string& key, uint64_t offset, std::span<const std::byte> data,
+                         int threads) const {
+  if (!impl_->options.checksums) return Status::Ok();
+  std::vector<uint32_t> expected;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->tensors.find(key);
+    if (it == impl_->tensors.end())
+      return NotFoundError(StrCat("no tensor '", key, "' in swap space"));
+    ZO_RETURN_IF_ERROR(impl_->Segments(*it->second, key, offset, data.size(), nullptr).status());
+    const auto first = it->second->crc.begin() + static_cast<ptrdiff_t>(offset / impl_->block);
+    expected.assign(
+        first, first + static_cast<ptrdiff_t>((data.size() + impl_->block - 1) / impl_->block));
+  }
+  const std::vector<uint32_t> actual = BlockChecksums(data, impl_->block, OmpThreads(threads));
+  for (size_t b = 0; b < actual.size(); ++b) {
+    if (actual[b] != expected[b]) {
+      char hex[64];
+      std::snprintf(hex, sizeof(hex), "stored 0x%08x, read 0x%08x", expected[b], actual[b]);
+      return DataLossError(StrCat("checksum mismatch in tensor '", key, "' at byte offset ",
+                                  offset + b * impl_->block, " (",
+                                  std::min<uint64_t>(impl_->block, data.size() - b * impl_->block),
+                                  " bytes): ", hex));
+    }
+  }
+  return Status::Ok();
 }
 
 Status SwapSpace::Commit() {

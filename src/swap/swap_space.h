@@ -49,6 +49,10 @@ struct SwapSpaceOptions {
   bool checksums = true;
   /// Commit flushes data and manifest to the device (see 4.); forced on without checksums.
   bool durable = false;
+  /// The caller computes block checksums (Checksum before Write) and verifies reads (Verify
+  /// after Read) on its own threads, instead of the I/O threads doing it per block: the I/O
+  /// threads then only move data. A pipeline that has idle cores between I/O uses this.
+  bool caller_checksums = false;
   IoBackendKind backend = IoBackendKind::kAuto;
   bool direct_io = true;  ///< see IoEngineOptions::direct_io
   /// Test hook at the I/O seam (see IoEngineOptions).
@@ -96,6 +100,15 @@ class SwapSpace {
   /// Reads into `out` from byte `offset` of tensor `key`; same range rules as Write.
   IoFuture Read(const std::string& key, uint64_t offset, std::span<std::byte> out,
                 std::function<void(const Status&)> on_done = {});
+
+  /// With caller_checksums: records the checksums of `data`, about to be written at `offset`
+  /// of `key` (same range rules as Write), computed on `threads` threads (0: OpenMP default).
+  Status Checksum(const std::string& key, uint64_t offset, std::span<const std::byte> data,
+                  int threads = 0);
+  /// With caller_checksums: checks `data`, just read from `offset` of `key`, against the
+  /// recorded checksums; DATA_LOSS names the tensor and byte offset of the first mismatch.
+  Status Verify(const std::string& key, uint64_t offset, std::span<const std::byte> data,
+                int threads = 0) const;
 
   /// Makes every completed write durable and marks those tensors clean in the manifest.
   /// Writes still in flight must be waited for first.

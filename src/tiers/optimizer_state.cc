@@ -156,6 +156,9 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
     }
     return state;
   }
+  // Block checksums are computed and verified by the Adam threads between requests, so the
+  // I/O threads only move data.
+  state->options_.swap.caller_checksums = true;
   ZO_ASSIGN_OR_RETURN(state->swap_, SwapSpace::Open(state->options_.swap));
   state->block_ = state->swap_->block_size();
   uint64_t end = 0, biggest = 0;
@@ -208,9 +211,10 @@ Status OptimizerState::Initialize(size_t i, const float* params) {
     const auto [offset, bytes] = ItemRange(k);
     std::memset(slot.images.data(), 0, bytes);  // zero moments (and padding)
     std::memcpy(slot.part(offsets, 0), params + items_[k].first, 4 * items_[k].n);
-    ZO_RETURN_IF_ERROR(swap_->Write(key_, offset, {slot.images.data(), bytes})
-                           .Wait()
-                           .WithContext(StrCat("initializing '", t.name, "'")));
+    const std::span<const std::byte> data(slot.images.data(), bytes);
+    ZO_RETURN_IF_ERROR(swap_->Checksum(key_, offset, data, options_.threads));
+    ZO_RETURN_IF_ERROR(
+        swap_->Write(key_, offset, data).Wait().WithContext(StrCat("initializing '", t.name, "'")));
   }
   return swap_->Commit();
 }
@@ -233,8 +237,10 @@ Status OptimizerState::Read(size_t i, float* params, void* m, void* v) {
     const Item& it = items_[k];
     const auto offsets = PartOffsets(it.n);
     const auto [offset, bytes] = ItemRange(k);
-    ZO_RETURN_IF_ERROR(swap_->Read(key_, offset, {slot.images.data(), bytes})
-                           .Wait()
+    const std::span<std::byte> data(slot.images.data(), bytes);
+    ZO_RETURN_IF_ERROR(
+        swap_->Read(key_, offset, data).Wait().WithContext(StrCat("reading '", t.name, "'")));
+    ZO_RETURN_IF_ERROR(swap_->Verify(key_, offset, data, options_.threads)
                            .WithContext(StrCat("reading '", t.name, "'")));
     std::memcpy(params + it.first, slot.part(offsets, 0), 4 * it.n);
     for (int j = 0; j < 2; ++j) {
@@ -366,6 +372,9 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     while (next < items_.size() && next <= k + lookahead && status.ok()) start_reads(next++);
     Slot& slot = *slots_[k % buffers];
     wait(slot.read, k, "reading");
+    const auto [offset, len] = ItemRange(k);
+    const std::span<const std::byte> data(slot.images.data(), len);
+    if (status.ok()) note(swap_->Verify(key_, offset, data, options_.threads), k, "reading");
     if (!status.ok()) break;
     const Item& it = items_[k];
     const auto offsets = PartOffsets(it.n);
@@ -393,8 +402,9 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
       }
       if (!status.ok()) break;
     }
-    const auto [offset, len] = ItemRange(k);
-    slot.write = swap_->Write(key_, offset, {slot.images.data(), len}, traced("nvme write", k));
+    note(swap_->Checksum(key_, offset, data, options_.threads), k, "writing");
+    if (!status.ok()) break;
+    slot.write = swap_->Write(key_, offset, data, traced("nvme write", k));
     stats->bytes_written += len;
     if (!po.overlap_write) wait(slot.write, k, "writing");
   }

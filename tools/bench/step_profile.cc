@@ -38,46 +38,68 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-struct DiskBounds {
-  double read_gbps = 0, write_gbps = 0;
-  double mixed_gbps = 0;  ///< reads and writes of equal size at once, bytes of both per second
-};
-
-// The disk alone, on `dir` with the step's aio settings, through the I/O engine without the
-// swap space: a write pass, a read pass, and a mixed pass reading one half of a file while
-// writing the other (as a step does). With `durable`, writes end with fdatasync, as a durable
-// step's commit does.
-Result<DiskBounds> MeasureDisk(const std::string& dir, const AioConfig& aio, uint64_t bytes,
-                               bool durable) {
-  constexpr uint64_t kRequest = uint64_t{16} << 20;
-  constexpr int kInFlight = 8;  // per direction
-  const uint64_t half =
-      std::max(kRequest, std::min(bytes, uint64_t{4} << 30) / kRequest * kRequest);
-  IoEngineOptions eo;
-  eo.aio = aio;
-  ZO_ASSIGN_OR_RETURN(auto engine, IoEngine::Create(std::move(eo)));
-  const std::string path = dir + "/zoffload-disk-probe";
-  ZO_ASSIGN_OR_RETURN(const int file, engine->OpenFile(path, O_RDWR | O_CREAT | O_TRUNC));
-  if (::fallocate(engine->fd(file), 0, 0, static_cast<off_t>(2 * half)) != 0) {
-    return StatusFromErrno(errno, StrCat("fallocate ", path));
+// The disk alone, on the step's directory with its aio settings, through the I/O engine
+// without the swap space or checksums: a file of two halves, written once (the write
+// bandwidth) and read once (the read bandwidth); then mixed passes, each reading one half
+// while writing the other as a step does, alternating halves so that reads always find data
+// written a pass earlier. With `durable`, writes end with fdatasync as a durable commit does.
+class DiskProbe {
+ public:
+  static Result<std::unique_ptr<DiskProbe>> Create(const std::string& dir, const AioConfig& aio,
+                                                   uint64_t bytes, bool durable) {
+    std::unique_ptr<DiskProbe> p(new DiskProbe());
+    p->durable_ = durable;
+    p->half_ = std::max(kRequest, std::min(bytes, uint64_t{4} << 30) / kRequest * kRequest);
+    IoEngineOptions eo;
+    eo.aio = aio;
+    ZO_ASSIGN_OR_RETURN(p->engine_, IoEngine::Create(std::move(eo)));
+    p->path_ = dir + "/zoffload-disk-probe";
+    ZO_ASSIGN_OR_RETURN(p->file_, p->engine_->OpenFile(p->path_, O_RDWR | O_CREAT | O_TRUNC));
+    if (::fallocate(p->engine_->fd(p->file_), 0, 0, static_cast<off_t>(2 * p->half_)) != 0) {
+      return StatusFromErrno(errno, StrCat("fallocate ", p->path_));
+    }
+    ZO_ASSIGN_OR_RETURN(p->buffers_, AlignedBuffer::Allocate(2 * kInFlight * kRequest, 4096, true));
+    ZO_RETURN_IF_ERROR(p->engine_->RegisterBuffer(p->buffers_.span()));
+    ZO_ASSIGN_OR_RETURN(const double write_s, p->Run({{1, 0, 2 * p->half_, 0}}));
+    p->write_gbps_ = 2.0 * p->half_ / write_s / 1e9;
+    ZO_ASSIGN_OR_RETURN(const double read_s, p->Run({{0, 0, p->half_, 0}}));
+    p->read_gbps_ = p->half_ / read_s / 1e9;
+    return p;
   }
-  ZO_ASSIGN_OR_RETURN(AlignedBuffer buffers,
-                      AlignedBuffer::Allocate(2 * kInFlight * kRequest, 4096, true));
-  ZO_RETURN_IF_ERROR(engine->RegisterBuffer(buffers.span()));
-  // Moves [begin, begin + len) of the file in one direction, kInFlight requests at a time,
-  // using buffer slots [slot0, slot0 + kInFlight).
-  struct Stream {
-    IoOp op;
-    uint64_t begin, len;
-    int slot0;
-    uint64_t next = 0;
-    std::vector<IoFuture> inflight = {};
-  };
-  auto run = [&](std::initializer_list<std::array<uint64_t, 4>> specs) -> Result<double> {
+  ~DiskProbe() {
+    if (engine_ != nullptr) {
+      engine_->CloseFile(file_).IgnoreError();
+      ::unlink(path_.c_str());
+    }
+  }
+
+  double read_gbps() const { return read_gbps_; }
+  double write_gbps() const { return write_gbps_; }
+  /// One mixed pass: bytes of reads and writes together per second.
+  Result<double> MixedGbps() {
+    const uint64_t r = flip_ ? half_ : 0, w = flip_ ? 0 : half_;
+    flip_ = !flip_;
+    ZO_ASSIGN_OR_RETURN(const double seconds, Run({{0, r, half_, 0}, {1, w, half_, kInFlight}}));
+    return 2.0 * half_ / seconds / 1e9;
+  }
+
+ private:
+  static constexpr uint64_t kRequest = uint64_t{16} << 20;
+  static constexpr size_t kInFlight = 8;  // requests per direction
+  DiskProbe() = default;
+
+  // Streams of {op (0 read, 1 write), first byte, bytes, first buffer slot}, kInFlight
+  // requests each at a time; the seconds until all are done.
+  Result<double> Run(std::initializer_list<std::array<uint64_t, 4>> specs) {
+    struct Stream {
+      IoOp op;
+      uint64_t begin, len, slot0;
+      uint64_t next = 0;
+      std::vector<IoFuture> inflight = {};
+    };
     std::vector<Stream> streams;
     for (const auto& [op, begin, len, slot0] : specs) {
-      streams.push_back(
-          {op == 0 ? IoOp::kRead : IoOp::kWrite, begin, len, static_cast<int>(slot0)});
+      streams.push_back({op == 0 ? IoOp::kRead : IoOp::kWrite, begin, len, slot0});
     }
     const auto start = std::chrono::steady_clock::now();
     for (bool busy = true; busy;) {
@@ -90,37 +112,32 @@ Result<DiskBounds> MeasureDisk(const std::string& dir, const AioConfig& aio, uin
           st.inflight.erase(st.inflight.begin());
           continue;
         }
-        const int slot = st.slot0 + static_cast<int>((st.next / kRequest) % kInFlight);
+        const uint64_t slot = st.slot0 + (st.next / kRequest) % kInFlight;
         IoSegment seg;
-        seg.file = file;
+        seg.file = file_;
         seg.file_offset = st.begin + st.next;
-        seg.data = buffers.data() + slot * kRequest;
+        seg.data = buffers_.data() + slot * kRequest;
         seg.length = kRequest;
-        st.inflight.push_back(engine->Submit(st.op, {seg}, path));
+        st.inflight.push_back(engine_->Submit(st.op, {seg}, path_));
         st.next += kRequest;
       }
     }
     for (const Stream& st : streams) {
-      if (durable && st.op == IoOp::kWrite && ::fdatasync(engine->fd(file)) != 0) {
-        return StatusFromErrno(errno, StrCat("fdatasync ", path));
+      if (durable_ && st.op == IoOp::kWrite && ::fdatasync(engine_->fd(file_)) != 0) {
+        return StatusFromErrno(errno, StrCat("fdatasync ", path_));
       }
     }
     return SecondsSince(start);
-  };
-  DiskBounds out;
-  // {op (0 read, 1 write), first byte, bytes, first buffer slot}
-  ZO_ASSIGN_OR_RETURN(const double write_s, run({{1, 0, 2 * half, 0}}));
-  out.write_gbps = 2.0 * half / write_s / 1e9;
-  ZO_ASSIGN_OR_RETURN(const double read_s, run({{0, 0, half, 0}}));
-  out.read_gbps = half / read_s / 1e9;
-  ZO_ASSIGN_OR_RETURN(const double mixed_s, run({{0, 0, half, 0}, {1, half, half, kInFlight}}));
-  out.mixed_gbps = 2.0 * half / mixed_s / 1e9;
-  ZO_RETURN_IF_ERROR(engine->CloseFile(file));
-  ::unlink(path.c_str());
-  std::fprintf(stderr, "  disk alone: write %.2f GB/s, read %.2f GB/s, both at once %.2f GB/s\n",
-               out.write_gbps, out.read_gbps, out.mixed_gbps);
-  return out;
-}
+  }
+
+  std::unique_ptr<IoEngine> engine_;
+  std::string path_;
+  int file_ = -1;
+  AlignedBuffer buffers_;
+  uint64_t half_ = 0;
+  bool durable_ = false, flip_ = false;
+  double read_gbps_ = 0, write_gbps_ = 0;
+};
 
 }  // namespace
 
@@ -200,9 +217,16 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
 
   // The steps, one warm-up then the timed ones; with NVMe state each step is followed by an
   // I/O-only pass over the same bytes, so both see the disk in the same state.
+  std::unique_ptr<DiskProbe> disk;
+  if (o.state_on == StateHome::kNvme) {
+    ZO_ASSIGN_OR_RETURN(disk, DiskProbe::Create(temp.dirs.front(), o.aio,
+                                                state->swap()->reserved_bytes(), o.durable));
+    std::fprintf(stderr, "  disk alone: write %.2f GB/s, read %.2f GB/s\n", disk->write_gbps(),
+                 disk->read_gbps());
+  }
   AdamHyper hyper;
   hyper.lr = 1e-4f;
-  std::vector<double> times, io;
+  std::vector<double> times, io, mixed;
   for (int s = 0; s <= o.steps; ++s) {
     hyper.step = s + 1;
     ZO_ASSIGN_OR_RETURN(const AdamStepResult r, state->Step(tg, hyper));
@@ -213,7 +237,10 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
     if (s > 0 && o.state_on == StateHome::kNvme) {
       ZO_ASSIGN_OR_RETURN(const StepStats pass, state->IoOnlyPass());
       io.push_back(pass.seconds);
-      std::fprintf(stderr, "; I/O-only pass %.3f s", pass.seconds);
+      ZO_ASSIGN_OR_RETURN(const double gbps, disk->MixedGbps());
+      mixed.push_back(gbps);
+      std::fprintf(stderr, "; I/O-only pass %.3f s; disk alone, reads and writes at once %.2f GB/s",
+                   pass.seconds, gbps);
     }
     std::fprintf(stderr, "\n");
   }
@@ -252,14 +279,12 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   rec.adam_ratio = rec.step_seconds / rec.adam_bound_seconds;
 
   if (o.state_on == StateHome::kNvme) {
-    ZO_ASSIGN_OR_RETURN(const DiskBounds disk,
-                        MeasureDisk(temp.dirs.front(), o.aio, rec.bytes_read, o.durable));
-    rec.read_gbps = disk.read_gbps;
-    rec.write_gbps = disk.write_gbps;
-    rec.mixed_gbps = disk.mixed_gbps;
+    rec.read_gbps = disk->read_gbps();
+    rec.write_gbps = disk->write_gbps();
+    rec.mixed_gbps = Median(mixed);
     rec.io_serial_seconds =
         rec.bytes_read / (rec.read_gbps * 1e9) + rec.bytes_written / (rec.write_gbps * 1e9);
-    rec.io_bound_seconds = (rec.bytes_read + rec.bytes_written) / (disk.mixed_gbps * 1e9);
+    rec.io_bound_seconds = (rec.bytes_read + rec.bytes_written) / (rec.mixed_gbps * 1e9);
     rec.io_ratio = rec.step_seconds / rec.io_bound_seconds;
     rec.io_pass_seconds = Median(io);
   }
