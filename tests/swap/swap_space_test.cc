@@ -165,6 +165,34 @@ TEST_P(SwapSpaceTest, FlippedByteIsDetectedWithKeyAndOffset) {
       << back.status();
 }
 
+// caller_checksums: the caller computes block checksums before writing and verifies after
+// reading; the I/O threads do neither, and the result is the same protection.
+TEST_P(SwapSpaceTest, CallerChecksumsProtectTheSameWay) {
+  TempDir dir;
+  SwapSpaceOptions o = Options({dir.path()});
+  o.caller_checksums = true;
+  auto swap = SwapSpace::Open(o);
+  ASSERT_TRUE(swap.ok());
+  const auto data = RandomBytes(3 * kBlock + 5, 9);
+  ASSERT_TRUE((*swap)->Allocate("c", data.size()).ok());
+  ASSERT_TRUE((*swap)->Checksum("c", 0, data, 2).ok());
+  ASSERT_TRUE((*swap)->Write("c", 0, data).Wait().ok());
+  ASSERT_TRUE((*swap)->Commit().ok());
+  std::vector<std::byte> back(data.size());
+  ASSERT_TRUE((*swap)->Read("c", 0, back).Wait().ok());
+  EXPECT_TRUE((*swap)->Verify("c", 0, back, 2).ok());
+  EXPECT_EQ(back, data);
+  back[2 * kBlock + 1] ^= std::byte{4};  // as if the disk returned a changed block
+  const Status bad = (*swap)->Verify("c", 0, back, 2);
+  EXPECT_EQ(bad.code(), StatusCode::kDataLoss) << bad;
+  EXPECT_NE(bad.message().find("tensor 'c' at byte offset 131072"), std::string::npos) << bad;
+  // A middle range, and ranges the block rules forbid.
+  EXPECT_TRUE((*swap)->Verify("c", kBlock, std::span(data).subspan(kBlock, kBlock), 1).ok());
+  EXPECT_EQ((*swap)->Checksum("c", 5, std::span(data).subspan(0, kBlock)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*swap)->Verify("nope", 0, back).code(), StatusCode::kNotFound);
+}
+
 TEST_P(SwapSpaceTest, ChecksumsCanBeSwitchedOff) {
   TempDir dir;
   SwapSpaceOptions o = Options({dir.path()});

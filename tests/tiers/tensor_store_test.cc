@@ -1,0 +1,233 @@
+// One conformance suite for every tier of the TensorStore (gpu only with a GPU), then the
+// NVMe tier's cache: budget, next-use eviction, write-back, persistence.
+#include "zoffload/tensor_store.h"
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "build_info.h"
+#include "common/strings.h"
+#include "test_util.h"
+#if ZO_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "gpu/stream.h"
+#endif
+
+namespace zoffload {
+namespace {
+
+using testing::TempDir;
+
+std::vector<std::byte> Pattern(uint64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng());
+  return v;
+}
+
+// Copies between the caller and a lease's memory, wherever it is.
+void Put(const Lease& lease, const std::vector<std::byte>& data) {
+#if ZO_HAVE_CUDA
+  if (lease.where() == Tier::kGpu) {
+    ASSERT_EQ(cudaMemcpy(lease.data(), data.data(), data.size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    return;
+  }
+#endif
+  std::memcpy(lease.data(), data.data(), data.size());
+}
+std::vector<std::byte> Get(const Lease& lease) {
+  std::vector<std::byte> out(lease.size());
+#if ZO_HAVE_CUDA
+  if (lease.where() == Tier::kGpu) {
+    EXPECT_EQ(cudaMemcpy(out.data(), lease.data(), out.size(), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return out;
+  }
+#endif
+  std::memcpy(out.data(), lease.data(), out.size());
+  return out;
+}
+
+class TierConformance : public ::testing::TestWithParam<Tier> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == Tier::kGpu) {
+#if ZO_HAVE_CUDA
+      if (auto n = UsableGpuCount(); !n.ok()) GTEST_SKIP() << n.status().message();
+#else
+      GTEST_SKIP() << "this build has no CUDA";
+#endif
+    }
+    options_.nvme_paths = {dir_.path()};
+    options_.aio.block_size = 64 << 10;
+    options_.host_budget_bytes = 64 << 20;
+    options_.gpu_budget_bytes = 64 << 20;
+  }
+  TempDir dir_;
+  TensorStoreOptions options_;
+};
+
+TEST_P(TierConformance, WhatIsWrittenIsReadBack) {
+  auto store = TensorStore::Open(options_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  const Tier tier = GetParam();
+  for (uint64_t n : {uint64_t{1}, uint64_t{4095}, uint64_t{65536}, uint64_t{(1 << 20) + 3}}) {
+    const std::string key = StrCat("t", n);
+    ASSERT_TRUE((*store)->Register(key, n, tier).ok());
+    const auto data = Pattern(n, static_cast<uint32_t>(n));
+    {
+      auto lease = (*store)->Acquire(key, Access::kWrite).Get();
+      ASSERT_TRUE(lease.ok()) << lease.status();
+      EXPECT_EQ(lease->size(), n);
+      EXPECT_EQ(lease->where(), tier == Tier::kGpu ? Tier::kGpu : Tier::kHost);
+      Put(*lease, data);
+    }
+    ASSERT_TRUE((*store)->Flush().ok());
+    auto lease = (*store)->Acquire(key, Access::kRead).Get();
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    EXPECT_EQ(Get(*lease), data) << n;
+  }
+}
+
+TEST_P(TierConformance, FreshTensorsReadAsZeros) {
+  auto store = TensorStore::Open(options_);
+  ASSERT_TRUE(store.ok());
+  if (GetParam() == Tier::kGpu) GTEST_SKIP() << "device memory is not zeroed by the store";
+  ASSERT_TRUE((*store)->Register("z", 1000, GetParam()).ok());
+  auto lease = (*store)->Acquire("z", Access::kRead).Get();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(Get(*lease), std::vector<std::byte>(1000));
+}
+
+TEST_P(TierConformance, BadRequestsAreClearErrors) {
+  auto store = TensorStore::Open(options_);
+  ASSERT_TRUE(store.ok());
+  const Tier tier = GetParam();
+  EXPECT_EQ((*store)->Acquire("missing", Access::kRead).Get().status().code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ((*store)->Register("", 5, tier).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*store)->Register("zero", 0, tier).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*store)->Register("a", 100, tier).ok());
+  EXPECT_EQ((*store)->Register("a", 100, tier).code(), StatusCode::kAlreadyExists);
+  {
+    auto lease = (*store)->Acquire("a", Access::kRead).Get();
+    ASSERT_TRUE(lease.ok());
+    EXPECT_EQ((*store)->Unregister("a").code(), StatusCode::kFailedPrecondition);
+  }
+  EXPECT_TRUE((*store)->Unregister("a").ok());
+  EXPECT_FALSE((*store)->Contains("a"));
+  if (tier != Tier::kNvme) {  // nvme tensors only need disk; the others hit their budget
+    const Status over = (*store)->Register("huge", uint64_t{65} << 20, tier);
+    EXPECT_EQ(over.code(), StatusCode::kResourceExhausted) << over;
+    EXPECT_NE(over.message().find("budget"), std::string::npos) << over;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiers, TierConformance,
+                         ::testing::Values(Tier::kHost, Tier::kNvme, Tier::kGpu),
+                         [](const ::testing::TestParamInfo<Tier>& param_info) {
+                           return std::string(ToString(param_info.param));
+                         });
+
+TensorStoreOptions NvmeOptions(const std::string& dir, uint64_t budget) {
+  TensorStoreOptions o;
+  o.nvme_paths = {dir};
+  o.aio.block_size = 64 << 10;
+  o.host_budget_bytes = budget;
+  o.pin_host = false;
+  return o;
+}
+
+// Six 1 MiB tensors used in a repeating order through a cache of three: least-recently-used
+// would miss every access; next use (the recorded cycle) keeps two of three hits per cycle.
+TEST(TensorStoreNvme, EvictsByNextUseAndWritesBackDirtyTensors) {
+  TempDir dir;
+  auto store = TensorStore::Open(NvmeOptions(dir.path(), 3 << 20));
+  ASSERT_TRUE(store.ok());
+  constexpr int kTensors = 6;
+  for (int t = 0; t < kTensors; ++t) {
+    ASSERT_TRUE((*store)->Register(StrCat("w", t), 1 << 20, Tier::kNvme).ok());
+  }
+  for (int step = 0; step < 4; ++step) {
+    for (int t = 0; t < kTensors; ++t) {
+      auto lease = (*store)->Acquire(StrCat("w", t), Access::kReadWrite).Get();
+      ASSERT_TRUE(lease.ok()) << lease.status();
+      uint32_t counter;
+      std::memcpy(&counter, lease->data(), 4);
+      ASSERT_EQ(counter, static_cast<uint32_t>(step)) << "tensor " << t << " step " << step;
+      ++counter;
+      std::memcpy(lease->data(), &counter, 4);
+    }
+  }
+  const TensorStore::Stats stats = (*store)->stats();
+  EXPECT_LE(stats.host_bytes, uint64_t{3} << 20);
+  EXPECT_GT(stats.evictions, 0u);
+  // LRU: 24 misses. Next use: the first cycle misses all 6, later ones at most 4 each.
+  EXPECT_LE(stats.misses, 6u + 3 * 4) << stats.hits << " hits";
+  EXPECT_GE(stats.hits, 3u * 2);
+  // Persistence: flushed, a fresh store on the same directory sees step 4's values.
+  ASSERT_TRUE((*store)->Flush().ok());
+  store->reset();
+  auto again = TensorStore::Open(NvmeOptions(dir.path(), 3 << 20));
+  ASSERT_TRUE(again.ok());
+  for (int t = 0; t < kTensors; ++t) {
+    ASSERT_TRUE((*again)->Register(StrCat("w", t), 1 << 20, Tier::kNvme).ok());
+    auto lease = (*again)->Acquire(StrCat("w", t), Access::kRead).Get();
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    uint32_t counter;
+    std::memcpy(&counter, lease->data(), 4);
+    EXPECT_EQ(counter, 4u);
+  }
+}
+
+TEST(TensorStoreNvme, LeasedTensorsAreNeverEvicted) {
+  TempDir dir;
+  auto store = TensorStore::Open(NvmeOptions(dir.path(), 2 << 20));
+  ASSERT_TRUE(store.ok());
+  for (const char* k : {"a", "b", "c"})
+    ASSERT_TRUE((*store)->Register(k, 1 << 20, Tier::kNvme).ok());
+  auto a = (*store)->Acquire("a", Access::kWrite).Get();
+  auto b = (*store)->Acquire("b", Access::kWrite).Get();
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto c = (*store)->Acquire("c", Access::kWrite).Get();
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted) << c.status();
+  EXPECT_NE(c.status().message().find("'c'"), std::string::npos) << c.status();
+  a->Release();
+  auto c2 = (*store)->Acquire("c", Access::kWrite).Get();
+  EXPECT_TRUE(c2.ok()) << c2.status();
+}
+
+TEST(TensorStoreNvme, PrefetchLoadsAheadAndNoNvmePathIsAClearError) {
+  TempDir dir;
+  auto store = TensorStore::Open(NvmeOptions(dir.path(), 8 << 20));
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Register("p", 1 << 20, Tier::kNvme).ok());
+  {
+    auto lease = (*store)->Acquire("p", Access::kWrite).Get();
+    ASSERT_TRUE(lease.ok());
+    std::memset(lease->data(), 7, 1 << 20);
+  }
+  ASSERT_TRUE((*store)->Flush().ok());
+  (*store)->Prefetch("p");
+  auto future = (*store)->Acquire("p", Access::kRead);
+  auto lease = future.Get();
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->data()[12345], std::byte{7});
+  EXPECT_GE((*store)->stats().hits, 1u);
+  TensorStoreOptions no_nvme;
+  no_nvme.pin_host = false;
+  auto bare = TensorStore::Open(no_nvme);
+  ASSERT_TRUE(bare.ok());
+  const Status s = (*bare)->Register("x", 10, Tier::kNvme);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("nvme_paths"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace zoffload
