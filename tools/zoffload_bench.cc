@@ -369,6 +369,7 @@ Status WriteStepJson(const std::string& path, const StepRecord& r) {
                               {"io_pass_seconds", r.io_pass_seconds},
                               {"adam_bound_seconds", r.adam_bound_seconds},
                               {"io_ratio", r.io_ratio},
+                              {"io_ratio_best", r.io_ratio_best},
                               {"adam_ratio", r.adam_ratio},
                               {"host_bytes", r.host_bytes},
                               {"chunk_elements", r.chunk_elements},

@@ -286,6 +286,9 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
         rec.bytes_read / (rec.read_gbps * 1e9) + rec.bytes_written / (rec.write_gbps * 1e9);
     rec.io_bound_seconds = (rec.bytes_read + rec.bytes_written) / (rec.mixed_gbps * 1e9);
     rec.io_ratio = rec.step_seconds / rec.io_bound_seconds;
+    rec.io_ratio_best = *std::min_element(times.begin(), times.end()) /
+                        ((rec.bytes_read + rec.bytes_written) /
+                         (*std::max_element(mixed.begin(), mixed.end()) * 1e9));
     rec.io_pass_seconds = Median(io);
   }
   if (tracer) ZO_RETURN_IF_ERROR(tracer->Write());

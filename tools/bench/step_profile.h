@@ -47,6 +47,9 @@ struct StepRecord {
   double io_pass_seconds = 0;     ///< our pipeline moving the step's bytes with no update
   double adam_bound_seconds = 0;  ///< CPU Adam (norm + update) alone on the same data
   double io_ratio = 0;            ///< step_seconds / io_bound_seconds (target <= 1.15)
+  /// The same ratio from the fastest step and the fastest disk pass: less sensitive to a
+  /// disk (or a virtual one) that stalls now and then.
+  double io_ratio_best = 0;
   double adam_ratio = 0;          ///< step_seconds / adam_bound_seconds
   uint64_t host_bytes = 0;        ///< host memory the state holds (state or pipeline slots)
   uint64_t chunk_elements = 0;
