@@ -18,17 +18,12 @@ uint64_t RoundUp(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
 size_t ElemBytes(DType t) { return t == DType::kFp32 ? 4 : 2; }
 
-// Bytes of the element codes of a moment of `n` elements; int8 scales follow them.
+// Bytes of the element codes of a moment of `n` elements: the moment without the int8 scales
+// that follow them.
 uint64_t MomentCodeBytes(StatePrecision p, uint64_t n) {
-  switch (p) {
-    case StatePrecision::kFp32:
-      return 4 * n;
-    case StatePrecision::kBf16:
-      return 2 * n;
-    case StatePrecision::kInt8:
-      break;
-  }
-  return (n + 3) & ~uint64_t{3};
+  const uint64_t scales =
+      p == StatePrecision::kInt8 ? 4 * ((n + kInt8StateBlock - 1) / kInt8StateBlock) : 0;
+  return AdamMomentBytes(p, n) - scales;
 }
 
 double Since(Clock::time_point start) {
