@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -163,6 +164,10 @@ struct SwapSpace::Impl {
   mutable std::mutex mu;  // tensors, generation, the manifest file
   std::map<std::string, std::unique_ptr<TensorEntry>> tensors;
   uint64_t generation = 0;
+  // Deferred commits: the manifest on disk still marks these tensors "writing" while the
+  // tensors are clean in memory (clean_pending); written at the next persist or at close.
+  std::set<std::string> persisted_writing;
+  bool clean_pending = false;
 
   size_t dirs() const { return options.paths.size(); }
   uint64_t Blocks(uint64_t bytes) const { return (bytes + block - 1) / block; }
@@ -199,7 +204,13 @@ Status SwapSpace::Impl::PersistManifest() {
                   {"checksums", options.checksums},
                   {"generation", generation},
                   {"tensors", std::move(tensors_json)}};
-  return ReplaceFileAtomically(manifest_path, j.dump(), durable());
+  ZO_RETURN_IF_ERROR(ReplaceFileAtomically(manifest_path, j.dump(), durable()));
+  persisted_writing.clear();
+  for (const auto& [key, t] : tensors) {
+    if (t->state == TensorState::kWriting) persisted_writing.insert(key);
+  }
+  clean_pending = false;
+  return Status::Ok();
 }
 
 Status SwapSpace::Impl::OpenFiles(TensorEntry& t, bool create) {
@@ -296,8 +307,14 @@ SwapSpace::SwapSpace(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 SwapSpace::~SwapSpace() {
   // Finishes every request in flight (their callbacks still see the tensors), then closes
-  // the files, which the engine owns.
+  // the files, which the engine owns; a deferred commit is written last.
   impl_->engine.reset();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->clean_pending) {
+    if (Status s = impl_->PersistManifest(); !s.ok()) {
+      Log(LogLevel::kWarning, StrCat("swap space: writing the final manifest: ", s.message()));
+    }
+  }
 }
 
 Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
@@ -493,7 +510,8 @@ Status SwapSpace::BeginWrite(const std::vector<std::string>& keys) {
       return NotFoundError(StrCat("no tensor '", key, "' in swap space"));
     if (it->second->state != TensorState::kWriting) {
       it->second->state = TensorState::kWriting;
-      changed = true;
+      // The manifest on disk may already say so (a deferred commit since): nothing to write.
+      if (!impl_->persisted_writing.contains(key)) changed = true;
     }
   }
   return changed ? impl_->PersistManifest() : Status::Ok();
@@ -624,7 +642,7 @@ Status SwapSpace::Verify(const std::string& key, uint64_t offset, std::span<cons
   return Status::Ok();
 }
 
-Status SwapSpace::Commit() {
+Status SwapSpace::Commit(bool defer_manifest) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   for (auto& [key, t] : impl_->tensors) {
     if (t->state != TensorState::kWriting) continue;
@@ -665,6 +683,10 @@ Status SwapSpace::Commit() {
     t->written_since_commit = false;
   }
   ++impl_->generation;
+  if (defer_manifest && !impl_->durable()) {
+    impl_->clean_pending = true;
+    return Status::Ok();
+  }
   return impl_->PersistManifest();
 }
 

@@ -112,7 +112,12 @@ class SwapSpace {
 
   /// Makes every completed write durable and marks those tensors clean in the manifest.
   /// Writes still in flight must be waited for first.
-  Status Commit();
+  /// With `defer_manifest` (and not durable), the tensors are clean in memory at once but the
+  /// manifest on disk keeps saying "writing" until the next manifest update or the swap
+  /// space's close: a loop of write steps then costs no manifest write at all (the next
+  /// BeginWrite finds the disk already marked), and a process killed between two such steps
+  /// is reported as interrupted on reopen — conservative, never a silent mix.
+  Status Commit(bool defer_manifest = false);
 
   /// Total bytes reserved on disk (all files).
   uint64_t reserved_bytes() const;

@@ -409,7 +409,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
   }
   if (status.ok()) {
     const auto commit_start = Clock::now();
-    status = swap_->Commit();
+    status = swap_->Commit(/*defer_manifest=*/true);
     if (tracer != nullptr) tracer->Record("manifest", "commit", commit_start, Clock::now());
   }
   if (!status.ok()) {

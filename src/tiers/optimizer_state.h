@@ -14,11 +14,14 @@
 // 3. The chunks of all tensors stream through `buffers` slots of host memory: while chunk i is
 //    updated by CPU Adam, chunks i+1.. are read and chunk i-1 is written back. A slot is
 //    reused only after its write-back has completed. Host memory is the slots, never the state.
-// 4. Before the first write the step durably marks every state tensor "writing"; after the
-//    last it commits (fdatasync, then "clean"). A step that fails (read error, checksum
-//    mismatch, write error) waits for its requests, never commits, and leaves this object
-//    refusing further steps: on reopen the swap space reports the interrupted step (DATA_LOSS
-//    naming the tensors), so a mix of two steps is never used as a state.
+// 4. Before the first write the step marks the state tensor "writing" in the swap manifest;
+//    after the last it commits, deferring the manifest update: the manifest on disk goes on
+//    saying "writing" until the swap space closes (or another manifest update), so back-to-back
+//    steps write no manifest at all. A step that fails (read error, checksum mismatch, write
+//    error) waits for its requests, never commits, and leaves this object refusing further
+//    steps. On reopen after a failed step, a killed process (mid-step or between steps), the
+//    swap space reports the state as interrupted (DATA_LOSS naming it): a mix of two steps is
+//    never used; a clean close leaves it clean.
 // 5. Chunks are updated with AdamShard::index_offset set, so the result is bit-identical to
 //    one AdamUpdate over each whole tensor in memory.
 //

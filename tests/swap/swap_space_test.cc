@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -191,6 +192,33 @@ TEST_P(SwapSpaceTest, CallerChecksumsProtectTheSameWay) {
   EXPECT_EQ((*swap)->Checksum("c", 5, std::span(data).subspan(0, kBlock)).code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ((*swap)->Verify("nope", 0, back).code(), StatusCode::kNotFound);
+}
+
+// A deferred commit leaves the manifest on disk saying "writing" (so a kill is reported) and
+// lets the next BeginWrite skip its manifest write; closing writes the clean state.
+TEST_P(SwapSpaceTest, DeferredCommitStaysConservativeUntilClose) {
+  TempDir dir;
+  const auto data = RandomBytes(2 * kBlock, 10);
+  auto manifest = [&] {
+    std::ifstream in(dir.File("zoffload-swap.json"));
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  {
+    auto swap = SwapSpace::Open(Options({dir.path()}));
+    ASSERT_TRUE(swap.ok());
+    ASSERT_TRUE((*swap)->Allocate("d", data.size()).ok());
+    for (int step = 0; step < 3; ++step) {
+      ASSERT_TRUE((*swap)->BeginWrite({"d"}).ok());
+      ASSERT_TRUE((*swap)->Write("d", 0, data).Wait().ok());
+      ASSERT_TRUE((*swap)->Commit(/*defer_manifest=*/true).ok());
+      EXPECT_NE(manifest().find("\"writing\""), std::string::npos) << step;
+      EXPECT_EQ(*ReadAll(**swap, "d"), data);  // clean in memory: readable
+    }
+  }
+  EXPECT_EQ(manifest().find("\"writing\""), std::string::npos);
+  auto reopened = SwapSpace::Open(Options({dir.path()}));
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ(*ReadAll(**reopened, "d"), data);
 }
 
 TEST_P(SwapSpaceTest, ChecksumsCanBeSwitchedOff) {
