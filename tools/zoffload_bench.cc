@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,37 @@ int Fail(const Status& s) {
   return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
 }
 
+int PrintUsage() {
+  std::printf("%s", kUsage);
+  return 0;
+}
+
+Status UnknownOption(const std::string& flag) {
+  return InvalidArgumentError(StrCat("unknown option '", flag, "'; see --help"));
+}
+
+// Walks a profile's options: the `switches` take no value, every other flag takes the next
+// argument; `option(flag, value)` handles each. "-h"/"--help" sets *help and stops. The
+// first error (a missing value, or the one `option` returns) is returned.
+Status ForEachOption(const std::vector<std::string>& args, const std::vector<std::string>& switches,
+                     bool* help,
+                     const std::function<Status(const std::string&, const std::string&)>& option) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "-h" || a == "--help") {
+      *help = true;
+      return Status::Ok();
+    }
+    if (std::find(switches.begin(), switches.end(), a) != switches.end()) {
+      ZO_RETURN_IF_ERROR(option(a, ""));
+      continue;
+    }
+    if (i + 1 >= args.size()) return InvalidArgumentError(StrCat(a, " needs a value"));
+    ZO_RETURN_IF_ERROR(option(a, args[++i]));
+  }
+  return Status::Ok();
+}
+
 Status WriteTextFile(const std::string& path, const std::string& text) {
   std::ofstream out(path);
   out << text;
@@ -153,62 +185,46 @@ int NvmeMain(const std::vector<std::string>& args, bool short_defaults) {
   std::vector<std::string> paths;
   std::string json_path, aio_out, config_path;
   bool sweep_given = false;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> Result<std::string> {
-      if (i + 1 >= args.size()) return InvalidArgumentError(StrCat(a, " needs a value"));
-      return args[++i];
-    };
-    Status s;
-    if (a == "-h" || a == "--help") {
-      std::printf("%s", kUsage);
-      return 0;
-    } else if (a == "--single-submit") {
-      o.single_submit = true;
-    } else if (a == "--no-overlap-events") {
-      o.overlap_events = false;
-    } else {
-      auto v = value();
-      if (!v.ok()) return Fail(v.status());
-      if (a == "--path") {
-        paths.push_back(*v);
-      } else if (a == "--size") {
-        if (!ParseByteSize(*v, &o.size) || o.size == 0) {
-          return Fail(
-              InvalidArgumentError(StrCat("--size: '", *v, "' is not a size such as 4GiB")));
+  bool help = false;
+  const Status parsed = ForEachOption(
+      args, {"--single-submit", "--no-overlap-events"}, &help,
+      [&](const std::string& a, const std::string& v) -> Status {
+        if (a == "--single-submit") {
+          o.single_submit = true;
+        } else if (a == "--no-overlap-events") {
+          o.overlap_events = false;
+        } else if (a == "--path") {
+          paths.push_back(v);
+        } else if (a == "--size") {
+          if (!ParseByteSize(v, &o.size) || o.size == 0) {
+            return InvalidArgumentError(StrCat("--size: '", v, "' is not a size such as 4GiB"));
+          }
+        } else if (a == "--block-size") {
+          ZO_ASSIGN_OR_RETURN(o.block_sizes, ParseSizeList(a, v));
+          sweep_given = true;
+        } else if (a == "--queue-depth") {
+          ZO_ASSIGN_OR_RETURN(o.queue_depths, ParseIntList(a, v, 1, 4096));
+          sweep_given = true;
+        } else if (a == "--threads") {
+          ZO_ASSIGN_OR_RETURN(o.threads, ParseIntList(a, v, 1, 256));
+          sweep_given = true;
+        } else if (a == "--op") {
+          ZO_ASSIGN_OR_RETURN(o.ops, ParseWordList(a, v, {"write", "read"}));
+        } else if (a == "--file") {
+          o.file = v;
+        } else if (a == "--json") {
+          json_path = v;
+        } else if (a == "--config") {
+          config_path = v;
+        } else if (a == "--write-aio-config") {
+          aio_out = v;
+        } else {
+          return UnknownOption(a);
         }
-      } else if (a == "--block-size") {
-        auto l = ParseSizeList(a, *v);
-        if (!l.ok()) return Fail(l.status());
-        o.block_sizes = *l;
-        sweep_given = true;
-      } else if (a == "--queue-depth") {
-        auto l = ParseIntList(a, *v, 1, 4096);
-        if (!l.ok()) return Fail(l.status());
-        o.queue_depths = *l;
-        sweep_given = true;
-      } else if (a == "--threads") {
-        auto l = ParseIntList(a, *v, 1, 256);
-        if (!l.ok()) return Fail(l.status());
-        o.threads = *l;
-        sweep_given = true;
-      } else if (a == "--op") {
-        auto l = ParseWordList(a, *v, {"write", "read"});
-        if (!l.ok()) return Fail(l.status());
-        o.ops = *l;
-      } else if (a == "--file") {
-        o.file = *v;
-      } else if (a == "--json") {
-        json_path = *v;
-      } else if (a == "--config") {
-        config_path = *v;
-      } else if (a == "--write-aio-config") {
-        aio_out = *v;
-      } else {
-        return Fail(InvalidArgumentError(StrCat("unknown option '", a, "'; see --help")));
-      }
-    }
-  }
+        return Status::Ok();
+      });
+  if (help) return PrintUsage();
+  if (!parsed.ok()) return Fail(parsed);
   if (!config_path.empty()) {
     auto config = LoadConfigFile(config_path);
     if (!config.ok()) return Fail(config.status());
@@ -276,6 +292,15 @@ Result<std::vector<T>> ParseEnumList(std::string_view flag, std::string_view tex
   return out;
 }
 
+const std::vector<std::pair<std::string, DType>> kDTypeNames = {
+    {"fp32", DType::kFp32}, {"bf16", DType::kBf16}, {"fp16", DType::kFp16}};
+const std::vector<std::pair<std::string, StatePrecision>> kStateNames = {
+    {"fp32", StatePrecision::kFp32},
+    {"bf16", StatePrecision::kBf16},
+    {"int8", StatePrecision::kInt8}};
+const std::vector<std::pair<std::string, ParamCopy>> kCopyNames = {
+    {"none", ParamCopy::kNone}, {"bf16", ParamCopy::kBf16}, {"fp16", ParamCopy::kFp16}};
+
 int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
   AdamBenchOptions o;
   if (short_defaults) {
@@ -284,52 +309,34 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
     o.copies = {ParamCopy::kNone, ParamCopy::kBf16};
   }
   std::string json_path;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "-h" || a == "--help") {
-      std::printf("%s", kUsage);
-      return 0;
-    }
-    if (i + 1 >= args.size()) return Fail(InvalidArgumentError(StrCat(a, " needs a value")));
-    const std::string v = args[++i];
-    Status s;
-    if (a == "--params") {
-      if (!ParseByteSize(v, &o.params) || o.params == 0) {
-        return Fail(
-            InvalidArgumentError(StrCat("--params: '", v, "' is not a count such as 256M")));
-      }
-    } else if (a == "--threads") {
-      auto l = ParseIntList(a, v, 1, 4096);
-      if (!l.ok()) return Fail(l.status());
-      o.threads = l->front();
-    } else if (a == "--steps") {
-      auto l = ParseIntList(a, v, 1, 1000);
-      if (!l.ok()) return Fail(l.status());
-      o.steps = l->front();
-    } else if (a == "--grad-dtype") {
-      auto l = ParseEnumList<DType>(
-          a, v, {{"fp32", DType::kFp32}, {"bf16", DType::kBf16}, {"fp16", DType::kFp16}});
-      if (!l.ok()) return Fail(l.status());
-      o.grad_dtypes = *l;
-    } else if (a == "--state") {
-      auto l = ParseEnumList<StatePrecision>(a, v,
-                                             {{"fp32", StatePrecision::kFp32},
-                                              {"bf16", StatePrecision::kBf16},
-                                              {"int8", StatePrecision::kInt8}});
-      if (!l.ok()) return Fail(l.status());
-      o.states = *l;
-    } else if (a == "--param-copy") {
-      auto l = ParseEnumList<ParamCopy>(
-          a, v,
-          {{"none", ParamCopy::kNone}, {"bf16", ParamCopy::kBf16}, {"fp16", ParamCopy::kFp16}});
-      if (!l.ok()) return Fail(l.status());
-      o.copies = *l;
-    } else if (a == "--json") {
-      json_path = v;
-    } else {
-      return Fail(InvalidArgumentError(StrCat("unknown option '", a, "'; see --help")));
-    }
-  }
+  bool help = false;
+  const Status parsed =
+      ForEachOption(args, {}, &help, [&](const std::string& a, const std::string& v) -> Status {
+        if (a == "--params") {
+          if (!ParseByteSize(v, &o.params) || o.params == 0) {
+            return InvalidArgumentError(StrCat("--params: '", v, "' is not a count such as 256M"));
+          }
+        } else if (a == "--threads") {
+          ZO_ASSIGN_OR_RETURN(auto l, ParseIntList(a, v, 1, 4096));
+          o.threads = l.front();
+        } else if (a == "--steps") {
+          ZO_ASSIGN_OR_RETURN(auto l, ParseIntList(a, v, 1, 1000));
+          o.steps = l.front();
+        } else if (a == "--grad-dtype") {
+          ZO_ASSIGN_OR_RETURN(o.grad_dtypes, ParseEnumList(a, v, kDTypeNames));
+        } else if (a == "--state") {
+          ZO_ASSIGN_OR_RETURN(o.states, ParseEnumList(a, v, kStateNames));
+        } else if (a == "--param-copy") {
+          ZO_ASSIGN_OR_RETURN(o.copies, ParseEnumList(a, v, kCopyNames));
+        } else if (a == "--json") {
+          json_path = v;
+        } else {
+          return UnknownOption(a);
+        }
+        return Status::Ok();
+      });
+  if (help) return PrintUsage();
+  if (!parsed.ok()) return Fail(parsed);
   auto records = RunAdamBench(o);
   if (!records.ok()) return Fail(records.status());
   std::printf("\n%-6s %-6s %-6s %7s %10s %9s %9s %11s %8s\n", "grads", "state", "copy", "B/param",
@@ -382,67 +389,57 @@ int StepMain(const std::vector<std::string>& args, bool short_defaults) {
   if (short_defaults) o.params = uint64_t{32} << 20;
   std::string json_path;
   std::vector<std::string> paths;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "-h" || a == "--help") {
-      std::printf("%s", kUsage);
-      return 0;
-    }
-    if (a == "--no-checksums" || a == "--durable") {
-      (a == "--durable" ? o.durable : o.checksums) = a == "--durable";
-      continue;
-    }
-    if (i + 1 >= args.size()) return Fail(InvalidArgumentError(StrCat(a, " needs a value")));
-    const std::string v = args[++i];
-    if (a == "--params") {
-      if (!ParseByteSize(v, &o.params) || o.params == 0) {
-        return Fail(
-            InvalidArgumentError(StrCat("--params: '", v, "' is not a count such as 128M")));
-      }
-    } else if (a == "--tensors" || a == "--buffers" || a == "--threads" || a == "--steps") {
-      auto l = ParseIntList(a, v, a == "--buffers" ? 2 : 1, 1 << 20);
-      if (!l.ok()) return Fail(l.status());
-      (a == "--tensors"   ? o.tensors
-       : a == "--buffers" ? o.buffers
-       : a == "--threads" ? o.threads
-                          : o.steps) = l->front();
-    } else if (a == "--state-on") {
-      auto l =
-          ParseEnumList<StateHome>(a, v, {{"host", StateHome::kHost}, {"nvme", StateHome::kNvme}});
-      if (!l.ok()) return Fail(l.status());
-      o.state_on = l->front();
-    } else if (a == "--path") {
-      paths.push_back(v);
-    } else if (a == "--state") {
-      auto l = ParseEnumList<StatePrecision>(a, v,
-                                             {{"fp32", StatePrecision::kFp32},
-                                              {"bf16", StatePrecision::kBf16},
-                                              {"int8", StatePrecision::kInt8}});
-      if (!l.ok()) return Fail(l.status());
-      o.state = l->front();
-    } else if (a == "--grad-dtype") {
-      auto l = ParseEnumList<DType>(
-          a, v, {{"fp32", DType::kFp32}, {"bf16", DType::kBf16}, {"fp16", DType::kFp16}});
-      if (!l.ok()) return Fail(l.status());
-      o.grad_dtype = l->front();
-      o.copy = o.grad_dtype == DType::kFp16 ? ParamCopy::kFp16 : ParamCopy::kBf16;
-    } else if (a == "--config") {
-      auto config = LoadConfigFile(v);
-      if (!config.ok()) return Fail(config.status());
-      o.aio = config->aio;
-      o.buffers = config->zero_optimization.offload_optimizer.buffer_count;
-      o.state = config->zoffload.optimizer_state;
-      if (config->zoffload.cpu_adam_threads > 0) o.threads = config->zoffload.cpu_adam_threads;
-      auto swap = SwapSpaceOptions::ForOptimizerState(*config);
-      if (swap.ok() && paths.empty()) paths = swap->paths;
-    } else if (a == "--json") {
-      json_path = v;
-    } else if (a == "--trace") {
-      o.trace_path = v;
-    } else {
-      return Fail(InvalidArgumentError(StrCat("unknown option '", a, "'; see --help")));
-    }
-  }
+  bool help = false;
+  const Status parsed = ForEachOption(
+      args, {"--no-checksums", "--durable"}, &help,
+      [&](const std::string& a, const std::string& v) -> Status {
+        if (a == "--no-checksums") {
+          o.checksums = false;
+        } else if (a == "--durable") {
+          o.durable = true;
+        } else if (a == "--params") {
+          if (!ParseByteSize(v, &o.params) || o.params == 0) {
+            return InvalidArgumentError(StrCat("--params: '", v, "' is not a count such as 128M"));
+          }
+        } else if (a == "--tensors" || a == "--buffers" || a == "--threads" || a == "--steps") {
+          ZO_ASSIGN_OR_RETURN(auto l, ParseIntList(a, v, a == "--buffers" ? 2 : 1, 1 << 20));
+          (a == "--tensors"   ? o.tensors
+           : a == "--buffers" ? o.buffers
+           : a == "--threads" ? o.threads
+                              : o.steps) = l.front();
+        } else if (a == "--state-on") {
+          ZO_ASSIGN_OR_RETURN(auto l,
+                              ParseEnumList<StateHome>(
+                                  a, v, {{"host", StateHome::kHost}, {"nvme", StateHome::kNvme}}));
+          o.state_on = l.front();
+        } else if (a == "--path") {
+          paths.push_back(v);
+        } else if (a == "--state") {
+          ZO_ASSIGN_OR_RETURN(auto l, ParseEnumList(a, v, kStateNames));
+          o.state = l.front();
+        } else if (a == "--grad-dtype") {
+          ZO_ASSIGN_OR_RETURN(auto l, ParseEnumList(a, v, kDTypeNames));
+          o.grad_dtype = l.front();
+          o.copy = o.grad_dtype == DType::kFp16 ? ParamCopy::kFp16 : ParamCopy::kBf16;
+        } else if (a == "--config") {
+          ZO_ASSIGN_OR_RETURN(const Config config, LoadConfigFile(v));
+          o.aio = config.aio;
+          o.buffers = config.zero_optimization.offload_optimizer.buffer_count;
+          o.state = config.zoffload.optimizer_state;
+          if (config.zoffload.cpu_adam_threads > 0) o.threads = config.zoffload.cpu_adam_threads;
+          auto swap = SwapSpaceOptions::ForOptimizerState(config);
+          if (swap.ok() && paths.empty()) paths = swap->paths;
+        } else if (a == "--json") {
+          json_path = v;
+        } else if (a == "--trace") {
+          o.trace_path = v;
+        } else {
+          return UnknownOption(a);
+        }
+        return Status::Ok();
+      });
+  if (help) return PrintUsage();
+  if (!parsed.ok()) return Fail(parsed);
   if (!paths.empty()) o.paths = paths;
   auto r = RunStepBench(o);
   if (!r.ok()) return Fail(r.status());
@@ -476,30 +473,27 @@ int GpuMain(const std::string& profile, const std::vector<std::string>& args, bo
   GpuBenchOptions o;
   if (short_defaults) o.bytes = uint64_t{256} << 20;
   std::string json_path;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "-h" || a == "--help") {
-      std::printf("%s", kUsage);
-      return 0;
-    }
-    if (i + 1 >= args.size()) return Fail(InvalidArgumentError(StrCat(a, " needs a value")));
-    const std::string v = args[++i];
-    if (a == "--size") {
-      if (!ParseByteSize(v, &o.bytes) || o.bytes < 4096) {
-        return Fail(InvalidArgumentError(
-            StrCat("--size: '", v, "' is not a byte count of at least 4096 such as 1GiB")));
-      }
-      o.bytes &= ~uint64_t{4095};
-    } else if (a == "--repeats") {
-      auto l = ParseIntList(a, v, 1, 1000);
-      if (!l.ok()) return Fail(l.status());
-      o.repeats = l->front();
-    } else if (a == "--json") {
-      json_path = v;
-    } else {
-      return Fail(InvalidArgumentError(StrCat("unknown option '", a, "'; see --help")));
-    }
-  }
+  bool help = false;
+  const Status parsed =
+      ForEachOption(args, {}, &help, [&](const std::string& a, const std::string& v) -> Status {
+        if (a == "--size") {
+          if (!ParseByteSize(v, &o.bytes) || o.bytes < 4096) {
+            return InvalidArgumentError(
+                StrCat("--size: '", v, "' is not a byte count of at least 4096 such as 1GiB"));
+          }
+          o.bytes &= ~uint64_t{4095};
+        } else if (a == "--repeats") {
+          ZO_ASSIGN_OR_RETURN(auto l, ParseIntList(a, v, 1, 1000));
+          o.repeats = l.front();
+        } else if (a == "--json") {
+          json_path = v;
+        } else {
+          return UnknownOption(a);
+        }
+        return Status::Ok();
+      });
+  if (help) return PrintUsage();
+  if (!parsed.ok()) return Fail(parsed);
   if (auto gpus = UsableGpuCount(); !gpus.ok()) return Fail(gpus.status());
   auto records = profile == "pcie" ? RunPcieBench(o) : RunKernelBench(o);
   if (!records.ok()) return Fail(records.status());
@@ -534,10 +528,7 @@ int GpuMain(const std::string& profile, const std::vector<std::string>& args, bo
 
 int Main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) {
-    std::printf("%s", kUsage);
-    return 0;
-  }
+  if (!args.empty() && (args[0] == "-h" || args[0] == "--help")) return PrintUsage();
   if (!args.empty() && args[0] == "nvme") {
     return NvmeMain(std::vector<std::string>(args.begin() + 1, args.end()), false);
   }
