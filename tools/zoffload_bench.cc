@@ -61,7 +61,8 @@ zoffload-bench adam [--params 256M] [--threads N] [--grad-dtype fp32,bf16,fp16]
   buffers in the same process; prints Gparam/s, GB/s and their ratio (bandwidth_ratio).
 
 zoffload-bench step [--params 128M] [--tensors 16] [--state-on host|nvme] [--path DIR ...]
-                    [--state fp32|bf16|int8] [--grad-dtype bf16] [--buffers 4] [--threads N]
+                    [--state fp32|bf16|int8] [--grad-dtype bf16] [--buffers 4] [--chunk 4M]
+                    [--threads N]
                     [--steps 3] [--no-checksums] [--durable] [--config ds.json] [--json FILE] [--trace FILE]
   Real optimizer steps (gradient norm + Adam; bf16 grads and a bf16 parameter copy by
   default) over state in host memory or streamed from NVMe through --buffers chunk slots.
@@ -70,6 +71,7 @@ zoffload-bench step [--params 128M] [--tensors 16] [--state-on host|nvme] [--pat
   durability) and against CPU Adam alone on the same data.
   --config takes aio, NVMe paths, buffer_count and zoffload.optimizer_state from a config.
   --trace writes a Chrome trace-event timeline (open it in Perfetto or chrome://tracing).
+  --chunk sets the elements per pipeline chunk (default 4M; 16M for int8 state).
   --no-checksums turns off the CRC32C of every swap block (on by default); --durable flushes
   every step's writes to the device (the disk bound then flushes too).
 
@@ -407,6 +409,12 @@ int StepMain(const std::vector<std::string>& args, bool short_defaults) {
            : a == "--buffers" ? o.buffers
            : a == "--threads" ? o.threads
                               : o.steps) = l.front();
+        } else if (a == "--chunk") {
+          if (!ParseByteSize(v, &o.chunk_elements) || o.chunk_elements % 256 != 0 ||
+              o.chunk_elements == 0) {
+            return InvalidArgumentError(
+                StrCat("--chunk: '", v, "' is not a positive multiple of 256 elements such as 4M"));
+          }
         } else if (a == "--state-on") {
           ZO_ASSIGN_OR_RETURN(auto l,
                               ParseEnumList<StateHome>(

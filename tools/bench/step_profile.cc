@@ -157,6 +157,7 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   so.precision = o.state;
   so.threads = o.threads;
   so.pipeline.buffers = o.buffers;
+  so.pipeline.chunk_elements = o.chunk_elements;
   std::unique_ptr<Tracer> tracer;
   if (!o.trace_path.empty()) {
     tracer = std::make_unique<Tracer>(o.trace_path);

@@ -24,8 +24,9 @@ struct StepBenchOptions {
   ParamCopy copy = ParamCopy::kBf16;
   AioConfig aio;
   int buffers = 4;
-  bool checksums = true;  ///< CRC32C per swap block (SwapSpaceOptions::checksums)
-  bool durable = false;   ///< flush every commit to the device (SwapSpaceOptions::durable)
+  uint64_t chunk_elements = 0;  ///< PipelineOptions::chunk_elements (0: derived)
+  bool checksums = true;        ///< CRC32C per swap block (SwapSpaceOptions::checksums)
+  bool durable = false;         ///< flush every commit to the device (SwapSpaceOptions::durable)
   int threads = 0;
   int steps = 3;  ///< timed steps (median), after one warm-up step
   std::string trace_path;
@@ -50,8 +51,8 @@ struct StepRecord {
   /// The same ratio from the fastest step and the fastest disk pass: less sensitive to a
   /// disk (or a virtual one) that stalls now and then.
   double io_ratio_best = 0;
-  double adam_ratio = 0;          ///< step_seconds / adam_bound_seconds
-  uint64_t host_bytes = 0;        ///< host memory the state holds (state or pipeline slots)
+  double adam_ratio = 0;    ///< step_seconds / adam_bound_seconds
+  uint64_t host_bytes = 0;  ///< host memory the state holds (state or pipeline slots)
   uint64_t chunk_elements = 0;
   int buffers = 0;
 };
