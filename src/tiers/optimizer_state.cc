@@ -276,16 +276,22 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
     grad_shards[i].grads = grads[i].grads;
     grad_shards[i].grad_dtype = grads[i].dtype;
   }
+  // The norm pass decides the step: skip on inf/NaN, else the gradient scale. With NVMe
+  // state it runs after the first chunk reads are under way (reads change nothing).
   AdamStepResult result;
-  const GradNorm norm = GradientNorm(grad_shards, options_.threads);
-  if (!norm.finite) {
-    result.skipped = true;
-    return result;
-  }
-  const float grad_scale = internal::ClipAndUnscale(norm.l2, loss_scale, max_grad_norm,
-                                                    &result.grad_norm, &result.clip_coef);
+  auto decide = [&]() -> std::optional<float> {
+    const GradNorm norm = GradientNorm(grad_shards, options_.threads);
+    if (!norm.finite) {
+      result.skipped = true;
+      return std::nullopt;
+    }
+    return internal::ClipAndUnscale(norm.l2, loss_scale, max_grad_norm, &result.grad_norm,
+                                    &result.clip_coef);
+  };
   StepStats stats;
   if (options_.home == StateHome::kHost) {
+    const std::optional<float> grad_scale = decide();
+    if (!grad_scale) return result;
     for (size_t i = 0; i < tensors_.size(); ++i) {
       AdamShard shard = grad_shards[i];
       shard.params = params_[i].as<float>();
@@ -295,14 +301,15 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
       shard.param_copy = grads[i].param_copy;
       shard.copy = grads[i].copy;
       const auto t0 = Clock::now();
-      ZO_RETURN_IF_ERROR(AdamUpdate(shard, hyper, grad_scale, options_.threads));
+      ZO_RETURN_IF_ERROR(AdamUpdate(shard, hyper, *grad_scale, options_.threads));
       if (options_.tracer != nullptr) {
         options_.tracer->Record("cpu adam", tensors_[i].name, t0, Clock::now());
       }
     }
     stats.adam_seconds = Since(start);
   } else {
-    ZO_RETURN_IF_ERROR(Stream(grads, &hyper, grad_scale, &stats));
+    ZO_RETURN_IF_ERROR(Stream(grads, &hyper, decide, &stats));
+    if (result.skipped) return result;
   }
   stats.seconds = Since(start);
   last_ = stats;
@@ -316,17 +323,15 @@ Result<StepStats> OptimizerState::IoOnlyPass() {
   ZO_RETURN_IF_ERROR(broken_);
   StepStats stats;
   const auto start = Clock::now();
-  ZO_RETURN_IF_ERROR(Stream({}, nullptr, 0.0f, &stats));
+  ZO_RETURN_IF_ERROR(Stream({}, nullptr, {}, &stats));
   stats.seconds = Since(start);
   return stats;
 }
 
 Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHyper* hyper,
-                              float grad_scale, StepStats* stats) {
+                              const std::function<std::optional<float>()>& decide,
+                              StepStats* stats) {
   Tracer* tracer = options_.tracer;
-  const auto begin_start = Clock::now();
-  ZO_RETURN_IF_ERROR(swap_->BeginWrite({key_}));
-  if (tracer != nullptr) tracer->Record("manifest", "mark writing", begin_start, Clock::now());
   const size_t buffers = slots_.size();
   const PipelineOptions& po = options_.pipeline;
   const size_t lookahead = !po.overlap_read ? 0 : po.overlap_write ? buffers - 2 : buffers - 1;
@@ -362,7 +367,25 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     slot.read = swap_->Read(key_, offset, {slot.images.data(), len}, traced("nvme read", k));
     stats->bytes_read += len;
   };
+  // The first reads go out before the norm pass and the manifest update: they need neither.
   size_t next = 0;
+  while (next < items_.size() && next <= lookahead) start_reads(next++);
+  float grad_scale = 0;
+  if (decide) {
+    const auto t0 = Clock::now();
+    const std::optional<float> scale = decide();
+    if (tracer != nullptr) tracer->Record("cpu adam", "gradient norm", t0, Clock::now());
+    if (!scale) {  // overflow: the step is skipped, nothing is written
+      for (auto& slot : slots_) {
+        if (slot->read.valid()) slot->read.Wait().IgnoreError();
+      }
+      return Status::Ok();
+    }
+    grad_scale = *scale;
+  }
+  const auto begin_start = Clock::now();
+  if (Status s = swap_->BeginWrite({key_}); !s.ok()) status = s;
+  if (tracer != nullptr) tracer->Record("manifest", "mark writing", begin_start, Clock::now());
   for (size_t k = 0; k < items_.size() && status.ok(); ++k) {
     while (next < items_.size() && next <= k + lookahead && status.ok()) start_reads(next++);
     Slot& slot = *slots_[k % buffers];

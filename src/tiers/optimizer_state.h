@@ -2,9 +2,9 @@
 // memory or on NVMe, and the optimizer step over it.
 //
 // The NVMe pipeline (one step):
-// 1. The gradients (host memory) are checked and normed first (GradientNorm): on inf/NaN the
-//    step is skipped before any byte is read or written; otherwise the clip coefficient and
-//    1/loss_scale become one gradient scale.
+// 1. The gradients (host memory) are checked and normed (GradientNorm) while the first chunks
+//    are being read: on inf/NaN the step is skipped and nothing is written; otherwise the clip
+//    coefficient and 1/loss_scale become one gradient scale.
 // 2. Every tensor is cut into chunks of chunk_elements(). The state of all tensors lives in
 //    one swap tensor, "optimizer-<layout>" (<layout>: a hash of the tensor names and sizes, the
 //    precision and the chunk size, so a different model never reads another's state): chunk
@@ -30,7 +30,9 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -133,8 +135,10 @@ class OptimizerState {
   // end for the last item.
   std::pair<uint64_t, uint64_t> ItemRange(size_t k) const;
   // Runs every item through the slots: read, update (when `hyper`), write back; commits.
-  Status Stream(std::span<const TensorGrads> grads, const AdamHyper* hyper, float grad_scale,
-                StepStats* stats);
+  // `decide` (when set) runs once the first reads are in flight and gives the gradient scale,
+  // or nothing to skip the step (nothing is written then).
+  Status Stream(std::span<const TensorGrads> grads, const AdamHyper* hyper,
+                const std::function<std::optional<float>()>& decide, StepStats* stats);
 
   std::vector<OptimizerTensor> tensors_;
   OptimizerStateOptions options_;
