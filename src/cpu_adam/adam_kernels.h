@@ -26,7 +26,7 @@ struct AdamKernelArgs {
   float grad_scale;
   uint32_t seed;          // stochastic rounding: derived from the step
   uint64_t index_offset;  // AdamShard::index_offset
-  uint8_t ceiling_mask;  // bandwidth kernel: bits it XORs into the data (0: leaves it intact)
+  uint8_t ceiling_mask;   // bandwidth kernel: bits it XORs into the data (0: leaves it intact)
 };
 
 /// Updates elements [begin, end). For int8 state, begin is a multiple of kInt8StateBlock.
