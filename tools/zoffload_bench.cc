@@ -26,7 +26,7 @@
 #include "zoffload/config.h"
 #if ZO_HAVE_CUDA
 #include "bench/gpu_profile.h"
-#include "gpu/stream.h"
+#include "gpu/gpu_info.h"
 #endif
 
 namespace zoffload::bench {

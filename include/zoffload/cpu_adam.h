@@ -32,6 +32,8 @@ enum class DType : uint8_t { kFp32, kBf16, kFp16 };
 enum class ParamCopy : uint8_t { kNone, kBf16, kFp16 };
 
 std::string_view ToString(DType dtype);
+/// Bytes per element of `dtype`.
+constexpr size_t DTypeBytes(DType dtype) { return dtype == DType::kFp32 ? 4 : 2; }
 std::string_view ToString(ParamCopy copy);
 
 /// Elements per quantization block of the int8 state (one fp32 scale per block per moment).

@@ -11,6 +11,9 @@
 
 namespace zoffload {
 
+/// `v` rounded up to a multiple of `to` (> 0).
+constexpr uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
 class AlignedBuffer {
  public:
   static constexpr size_t kHugePageSize = size_t{2} << 20;

@@ -269,7 +269,6 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
   }
 }
 
-size_t ElemBytes(DType t) { return t == DType::kFp32 ? 4 : 2; }
 size_t StateBytes(StatePrecision s) {
   return s == StatePrecision::kFp32 ? 4 : s == StatePrecision::kBf16 ? 2 : 1;
 }
@@ -284,7 +283,7 @@ template <DType kG, StatePrecision kS, ParamCopy kC>
 void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
   const DF df;
   const size_t N = hn::Lanes(df);
-  const size_t gb = ElemBytes(kG), sb = StateBytes(kS), cb = CopyBytes(kC);
+  const size_t gb = DTypeBytes(kG), sb = StateBytes(kS), cb = CopyBytes(kC);
   void* g = const_cast<void*>(a.g);
   if constexpr (kS == StatePrecision::kInt8) {
     const VU32 lanes = hn::Iota(DU32(), 0);
@@ -382,7 +381,7 @@ void AdamRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
 void BandwidthRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
   const hn::ScalableTag<uint8_t> d8;
   const size_t L = hn::Lanes(d8);
-  const size_t gb = ElemBytes(a.grad_type);
+  const size_t gb = DTypeBytes(a.grad_type);
   const size_t sb = StateBytes(a.state);
   const size_t cb = CopyBytes(a.copy_type);
   const size_t n = end - begin;
@@ -434,7 +433,7 @@ double SumSquaresT(const void* g, size_t begin, size_t end, bool* finite) {
   if (!hn::AllTrue(df, all_finite)) *finite = false;
   for (; i < end; ++i) {  // tail: scalar float64
     HWY_ALIGN float x[hn::MaxLanes(DF())] = {};
-    std::memcpy(x, static_cast<const char*>(g) + i * ElemBytes(kG), ElemBytes(kG));
+    std::memcpy(x, static_cast<const char*>(g) + i * DTypeBytes(kG), DTypeBytes(kG));
     const float xf = hn::GetLane(LoadGrad<kG>(df, x, 0));
     if (!std::isfinite(xf)) *finite = false;
     total += static_cast<double>(xf) * xf;

@@ -43,17 +43,23 @@ Result<std::string> NcclVersion() {
   return StrCat(code / 10000, ".", (code % 10000) / 100, ".", code % 100);
 }
 
+Result<int> UsableGpuCount() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    return CudaStatus(err, "cudaGetDeviceCount(&count)", __FILE__, __LINE__).WithContext("no GPU");
+  }
+  if (count == 0) return FailedPreconditionError("no GPU: the driver reports 0 devices");
+  return count;
+}
+
 Result<GpuReport> ProbeGpus() {
   GpuReport report;
   report.runtime_version = CudaRuntimeVersion();
   if (cudaDriverGetVersion(&report.driver_version) != cudaSuccess) report.driver_version = 0;
   auto nccl = NcclVersion();
   report.nccl_version = nccl.ok() ? *nccl : nccl.status().message();
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    return CudaStatus(err, "cudaGetDeviceCount(&count)", __FILE__, __LINE__).WithContext("no GPU");
-  }
+  ZO_ASSIGN_OR_RETURN(const int count, UsableGpuCount());
   for (int i = 0; i < count; ++i) {
     GpuDeviceInfo info;
     info.index = i;

@@ -25,6 +25,10 @@ struct GpuReport {
   std::vector<GpuDeviceInfo> devices;
 };
 
+/// The number of usable GPUs; an error saying why when there are none ("no GPU: ...": no
+/// driver, no device).
+Result<int> UsableGpuCount();
+
 /// Asks the driver for every GPU. Without a usable driver or device the error says why
 /// (FAILED_PRECONDITION: "no GPU: ...").
 Result<GpuReport> ProbeGpus();

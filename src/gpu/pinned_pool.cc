@@ -15,7 +15,6 @@
 #include "common/topology.h"
 #include "gpu/cuda_status.h"
 #include "gpu/gpu_info.h"
-#include "gpu/stream.h"
 
 namespace zoffload {
 namespace internal {

@@ -94,14 +94,4 @@ Status OrderAfter(cudaStream_t waiter, cudaStream_t producer, CudaEvent& event) 
   return Status::Ok();
 }
 
-Result<int> UsableGpuCount() {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    return CudaStatus(err, "cudaGetDeviceCount(&count)", __FILE__, __LINE__).WithContext("no GPU");
-  }
-  if (count == 0) return FailedPreconditionError("no GPU: the driver reports 0 devices");
-  return count;
-}
-
 }  // namespace zoffload

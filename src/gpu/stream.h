@@ -66,7 +66,4 @@ class CudaStream {
 /// `producer` so far, using `event` (recorded on producer, waited on waiter). Host never waits.
 Status OrderAfter(cudaStream_t waiter, cudaStream_t producer, CudaEvent& event);
 
-/// The number of usable GPUs; an error saying why when there are none (no driver, no device).
-Result<int> UsableGpuCount();
-
 }  // namespace zoffload

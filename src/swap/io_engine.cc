@@ -39,8 +39,6 @@ struct FileEntry {
   uint32_t memory_alignment = 1;  // O_DIRECT buffer addresses
 };
 
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
 }  // namespace
 
 namespace internal {

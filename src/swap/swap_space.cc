@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/aligned_buffer.h"
 #include "common/errno_status.h"
 #include "common/log.h"
 #include "common/strings.h"
@@ -51,8 +52,6 @@ const char* StateName(TensorState s) {
   }
   return "?";
 }
-
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 // Injective escaping of a key into a file-name stem: [A-Za-z0-9.-] kept, every other byte
 // (including '_') as "_XX". Long keys are cut and suffixed with a 64-bit FNV-1a hash.
@@ -188,6 +187,9 @@ struct SwapSpace::Impl {
   bool durable() const { return options.durable || !options.checksums; }
   Status OpenFiles(TensorEntry& t, bool create);
   void CloseFiles(TensorEntry& t, bool unlink_files);
+  // OK when [offset, offset + length) is a range reads and writes of tensor `key` may use.
+  Status CheckRange(const TensorEntry& t, const std::string& key, uint64_t offset,
+                    uint64_t length) const;
   Result<std::vector<IoSegment>> Segments(TensorEntry& t, const std::string& key, uint64_t offset,
                                           uint64_t length, std::byte* data);
 };
@@ -262,9 +264,8 @@ void SwapSpace::Impl::CloseFiles(TensorEntry& t, bool unlink_files) {
   }
 }
 
-Result<std::vector<IoSegment>> SwapSpace::Impl::Segments(TensorEntry& t, const std::string& key,
-                                                         uint64_t offset, uint64_t length,
-                                                         std::byte* data) {
+Status SwapSpace::Impl::CheckRange(const TensorEntry& t, const std::string& key, uint64_t offset,
+                                   uint64_t length) const {
   if (offset % block != 0 || offset + length > t.bytes ||
       (length % block != 0 && offset + length != t.bytes)) {
     return InvalidArgumentError(StrCat("tensor '", key, "' (", t.bytes, " bytes): range [", offset,
@@ -272,6 +273,13 @@ Result<std::vector<IoSegment>> SwapSpace::Impl::Segments(TensorEntry& t, const s
                                        ") must start at a multiple of the block size ", block,
                                        " and end at a block boundary or the tensor's end"));
   }
+  return Status::Ok();
+}
+
+Result<std::vector<IoSegment>> SwapSpace::Impl::Segments(TensorEntry& t, const std::string& key,
+                                                         uint64_t offset, uint64_t length,
+                                                         std::byte* data) {
+  ZO_RETURN_IF_ERROR(CheckRange(t, key, offset, length));
   std::vector<IoSegment> segments;
   segments.reserve(Blocks(length));
   for (uint64_t off = 0; off < length; off += block) {
@@ -604,7 +612,7 @@ Status SwapSpace::Checksum(const std::string& key, uint64_t offset, std::span<co
     auto it = impl_->tensors.find(key);
     if (it == impl_->tensors.end())
       return NotFoundError(StrCat("no tensor '", key, "' in swap space"));
-    ZO_RETURN_IF_ERROR(impl_->Segments(*it->second, key, offset, data.size(), nullptr).status());
+    ZO_RETURN_IF_ERROR(impl_->CheckRange(*it->second, key, offset, data.size()));
   }
   const std::vector<uint32_t> crcs = BlockChecksums(data, impl_->block, OmpThreads(threads));
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -623,7 +631,7 @@ Status SwapSpace::Verify(const std::string& key, uint64_t offset, std::span<cons
     auto it = impl_->tensors.find(key);
     if (it == impl_->tensors.end())
       return NotFoundError(StrCat("no tensor '", key, "' in swap space"));
-    ZO_RETURN_IF_ERROR(impl_->Segments(*it->second, key, offset, data.size(), nullptr).status());
+    ZO_RETURN_IF_ERROR(impl_->CheckRange(*it->second, key, offset, data.size()));
     const auto first = it->second->crc.begin() + static_cast<ptrdiff_t>(offset / impl_->block);
     expected.assign(
         first, first + static_cast<ptrdiff_t>((data.size() + impl_->block - 1) / impl_->block));

@@ -14,10 +14,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-uint64_t RoundUp(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
-
-size_t ElemBytes(DType t) { return t == DType::kFp32 ? 4 : 2; }
-
 // Bytes of the element codes of a moment of `n` elements: the moment without the int8 scales
 // that follow them.
 uint64_t MomentCodeBytes(StatePrecision p, uint64_t n) {
@@ -404,7 +400,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
       shard.state = options_.precision;
       shard.m = slot.part(offsets, 1);
       shard.v = slot.part(offsets, 2);
-      shard.grads = static_cast<const char*>(g.grads) + it.first * ElemBytes(g.dtype);
+      shard.grads = static_cast<const char*>(g.grads) + it.first * DTypeBytes(g.dtype);
       shard.grad_dtype = g.dtype;
       shard.copy = g.copy;
       if (g.copy != ParamCopy::kNone) {

@@ -12,8 +12,8 @@
 #include "swap/swap_space.h"
 #if ZO_HAVE_CUDA
 #include "gpu/device_buffer.h"
+#include "gpu/gpu_info.h"
 #include "gpu/pinned_pool.h"
-#include "gpu/stream.h"
 #endif
 
 namespace zoffload {
@@ -367,8 +367,7 @@ Status TensorStore::Register(const std::string& key, uint64_t bytes, Tier home) 
             "tensor store: GPU budget ", HumanBytes(s.options.gpu_budget_bytes), " cannot hold '",
             key, "' (", HumanBytes(bytes), "): ", HumanBytes(s.gpu_used), " in use"));
       }
-      ZO_ASSIGN_OR_RETURN(const int gpus, UsableGpuCount());
-      (void)gpus;
+      ZO_RETURN_IF_ERROR(UsableGpuCount().status());
       ZO_ASSIGN_OR_RETURN(e->device, DeviceBuffer::Allocate(bytes));
       s.gpu_used += bytes;
       break;

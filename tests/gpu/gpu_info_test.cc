@@ -22,6 +22,12 @@ TEST(GpuInfoTest, ReportsDevicesOrSaysWhyNot) {
   }
 }
 
+TEST(GpuInfoTest, NoGpuIsAClearError) {
+  auto count = UsableGpuCount();
+  if (count.ok()) GTEST_SKIP() << "this machine has a GPU";
+  EXPECT_NE(count.status().message().find("no GPU"), std::string::npos) << count.status();
+}
+
 TEST(GpuInfoTest, NcclVersionParses) {
   auto v = NcclVersion();
   ASSERT_TRUE(v.ok()) << v.status();

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu/device_buffer.h"
+#include "gpu/gpu_info.h"
 #include "gpu/stream.h"
 
 /// Skips the test, with the reason, when no GPU can be used.

@@ -12,12 +12,6 @@
 namespace zoffload {
 namespace {
 
-TEST(StreamTest, NoGpuIsAClearError) {
-  auto count = UsableGpuCount();
-  if (count.ok()) GTEST_SKIP() << "this machine has a GPU";
-  EXPECT_NE(count.status().message().find("no GPU"), std::string::npos) << count.status();
-}
-
 TEST(StreamTest, EventsReportCompletion) {
   ZO_SKIP_WITHOUT_GPU();
   auto stream = CudaStream::Create();

@@ -14,7 +14,7 @@
 #if ZO_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "gpu/stream.h"
+#include "gpu/gpu_info.h"
 #endif
 
 namespace zoffload {

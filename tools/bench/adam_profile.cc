@@ -11,20 +11,13 @@
 namespace zoffload::bench {
 namespace {
 
-size_t GradBytes(DType t) { return t == DType::kFp32 ? 4 : 2; }
-
 double BytesPerParam(const AdamRecord& r) {
   const double state = r.state == StatePrecision::kFp32   ? 4
                        : r.state == StatePrecision::kBf16 ? 2
                                                           : 1;
   const double scales = r.state == StatePrecision::kInt8 ? 2.0 * 2 * 4 / kInt8StateBlock : 0;
-  return static_cast<double>(GradBytes(r.grad_dtype)) + 8 + 4 * state + scales +
+  return static_cast<double>(DTypeBytes(r.grad_dtype)) + 8 + 4 * state + scales +
          (r.copy == ParamCopy::kNone ? 0 : 2);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 }  // namespace

@@ -98,4 +98,9 @@ void Progress::Done() {
   if (tty_) std::fprintf(stderr, "\n");
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 }  // namespace zoffload::bench

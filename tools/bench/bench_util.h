@@ -38,6 +38,9 @@ class Progress {
   bool tty_;
 };
 
+/// The median of `v` (not empty).
+double Median(std::vector<double> v);
+
 inline double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }

@@ -32,8 +32,7 @@ Result<double> MedianSeconds(int repeats, const std::function<Status()>& run) {
     ZO_RETURN_IF_ERROR(run());
     times.push_back(SecondsSince(start));
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return Median(std::move(times));
 }
 
 GpuRecord Record(std::string profile, std::string test, uint64_t bytes, double seconds,
@@ -50,11 +49,6 @@ GpuRecord Record(std::string profile, std::string test, uint64_t bytes, double s
   std::fprintf(stderr, "  %-20s %8.2f GB/s  (%s %.2f GB/s: %.3fx)\n", r.test.c_str(), r.gbps,
                r.anchor.c_str(), anchor_gbps, r.ratio);
   return r;
-}
-
-Status Sync(cudaStream_t stream) {
-  ZO_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  return Status::Ok();
 }
 
 }  // namespace
@@ -84,8 +78,8 @@ Result<std::vector<GpuRecord>> RunPcieBench(const GpuBenchOptions& o) {
       ZO_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(down.data(), dev_b.data(), n, cudaMemcpyDeviceToHost, s2.get()));
     }
-    ZO_RETURN_IF_ERROR(Sync(s1.get()));
-    return Sync(s2.get());
+    ZO_RETURN_IF_ERROR(s1.Synchronize());
+    return s2.Synchronize();
   };
   ZO_ASSIGN_OR_RETURN(const double peak_h2d_s,
                       MedianSeconds(o.repeats, [&] { return plain(true, false); }));
@@ -123,7 +117,7 @@ Result<std::vector<GpuRecord>> RunPcieBench(const GpuBenchOptions& o) {
     const void* src =
         kind == cudaMemcpyHostToDevice ? static_cast<const void*>(pageable.data()) : dev_b.data();
     ZO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, n, kind, s1.get()));
-    return Sync(s1.get());
+    return s1.Synchronize();
   };
   ZO_ASSIGN_OR_RETURN(const double direct_h2d_s,
                       MedianSeconds(o.repeats, [&] { return direct(cudaMemcpyHostToDevice); }));
@@ -161,7 +155,7 @@ Result<std::vector<GpuRecord>> RunKernelBench(const GpuBenchOptions& o) {
   auto timed = [&](const std::function<Status()>& enqueue) {
     return MedianSeconds(o.repeats, [&]() -> Status {
       ZO_RETURN_IF_ERROR(enqueue());
-      return Sync(st);
+      return stream.Synchronize();
     });
   };
   std::fprintf(stderr, "kernels: %s input, median of %d\n", HumanBytes(bytes).c_str(), o.repeats);

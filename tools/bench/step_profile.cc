@@ -33,11 +33,6 @@ struct TempDirs {
   }
 };
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // The disk alone, on the step's directory with its aio settings, through the I/O engine
 // without the swap space or checksums: a file of two halves, written once (the write
 // bandwidth) and read once (the read bandwidth); then mixed passes, each reading one half
@@ -191,7 +186,7 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   // Parameters, gradients and the copy buffer: host memory of the size of the largest tensor
   // (gradients are shared by every tensor: the step reads them, it does not care whose).
   const uint64_t largest = tensors.back().n;
-  const size_t gb = o.grad_dtype == DType::kFp32 ? 4 : 2;
+  const size_t gb = DTypeBytes(o.grad_dtype);
   ZO_ASSIGN_OR_RETURN(AlignedBuffer init, AlignedBuffer::Allocate(4 * largest, 64, true));
   ZO_ASSIGN_OR_RETURN(AlignedBuffer grads, AlignedBuffer::Allocate(gb * largest, 64, true));
   ZO_ASSIGN_OR_RETURN(AlignedBuffer copy, AlignedBuffer::Allocate(2 * largest, 64, true));
