@@ -76,8 +76,8 @@ struct OffloadOptimizerConfig {
   std::string nvme_path;    ///< directory for the swap files when device is nvme
   bool pin_memory = false;  ///< host buffers from the pinned pool (faster PCIe copies)
   int buffer_count = 4;     ///< pipeline buffers for NVMe streaming; >= 1
-  /// Share of the optimizer state updated on the offload device, in (0, 1]; the rest
-  /// stays on the GPU (DeepSpeed's partial offload).
+  /// Share of the optimizer state kept on the offload device, in (0, 1]; the rest stays on
+  /// the next faster tier: host memory for nvme, the GPU for cpu (DeepSpeed's partial offload).
   double ratio = 1.0;
   /// Overlap reading the next shards with the current update. DeepSpeed defaults to false;
   /// zoffload overlaps unless told not to (results are bit-identical either way).

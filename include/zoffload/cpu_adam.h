@@ -22,18 +22,14 @@
 #include <string>
 
 #include "zoffload/config.h"
+#include "zoffload/dtype.h"
 #include "zoffload/status.h"
 
 namespace zoffload {
 
-/// Element types of gradients and of the parameter copy.
-enum class DType : uint8_t { kFp32, kBf16, kFp16 };
 /// The optional low-precision copy of the updated parameters.
 enum class ParamCopy : uint8_t { kNone, kBf16, kFp16 };
 
-std::string_view ToString(DType dtype);
-/// Bytes per element of `dtype`.
-constexpr size_t DTypeBytes(DType dtype) { return dtype == DType::kFp32 ? 4 : 2; }
 std::string_view ToString(ParamCopy copy);
 
 /// Elements per quantization block of the int8 state (one fp32 scale per block per moment).

@@ -1,20 +1,30 @@
-// TensorStore: tensors by stable key, each with a home tier (GPU memory, host memory, NVMe)
-// and a residency, under per-tier byte budgets.
+// TensorStore: tensors by stable key, each with a dtype, a size, a home tier (GPU memory, host
+// memory, NVMe) and a residency, under per-tier byte budgets.
 //
-// 1. Register(key, bytes, home) reserves the tensor's home: device memory (gpu), host memory
-//    (host; pinned when a GPU exists, so copies run at PCIe speed), or a swap tensor (nvme).
-// 2. Acquire(key, access) returns a LeaseFuture; its lease gives the bytes where the caller can
-//    use them: device memory for gpu tensors, host memory for host and nvme tensors. An nvme
+// 1. Register(key, dtype, elements, home) reserves the tensor's home: device memory (gpu),
+//    host memory (host; pinned when a GPU exists, so copies run at PCIe speed), or a swap
+//    tensor (nvme).
+// 2. Acquire(key, access[, at]) returns a LeaseFuture; its lease gives the bytes where the
+//    caller asked for them: by default device memory for gpu tensors and host memory for host
+//    and nvme tensors; `at` = gpu puts a host or nvme tensor in device memory too. An nvme
 //    tensor is read into a host cache buffer (unless the access is kWrite, which overwrites all
-//    of it); Prefetch starts that read early. Releasing a lease that could write marks the
-//    cached copy dirty; it goes back to NVMe when evicted, or at Flush.
-// 3. The host budget holds host tensors and the NVMe cache. When the cache needs room it evicts
-//    by next use: the order of acquisitions repeats every training step, so once a key comes
-//    round again the recorded cycle tells which cached tensor is needed last (Belady's choice);
-//    before that, the least recently used one. Leased tensors are never evicted; a request
-//    that cannot fit even so fails with RESOURCE_EXHAUSTED naming the budget.
-// 4. Flush writes every dirty cached tensor back and commits the swap space (see
-//    src/swap/swap_space.h for what a crash leaves behind).
+//    of it); a GPU copy is uploaded from the host copy through the CopyEngine. Prefetch starts
+//    those moves early. Releasing a lease that could write marks that copy newer than the
+//    slower ones; changes move down when the copy is evicted, when the tensor is next leased
+//    elsewhere, or at Flush.
+// 3. Residency: a host or nvme tensor on the GPU keeps its host copy (the staging for its
+//    moves). The host budget holds host tensors and the NVMe cache; the GPU budget holds gpu
+//    tensors and GPU copies. When a budget is hit the store evicts by next use: the order of
+//    acquisitions repeats every training step, so once a key comes round again the recorded
+//    cycle tells which cached copy is needed last (Belady's choice); before that, the least
+//    recently used one. Leased copies are never evicted; a request that cannot fit even so
+//    fails with RESOURCE_EXHAUSTED naming the budget.
+// 4. Leases of one tensor may be out at one place at a time, or at both when all of them only
+//    read. A GPU lease is released once the caller's device work on it has finished (e.g.
+//    after synchronizing its stream): the store copies from it right after.
+// 5. Flush moves every released change down to the tensor's home, writes dirty cached tensors
+//    back to NVMe and commits the swap space (see src/swap/swap_space.h for what a crash
+//    leaves behind).
 //
 // Thread-safety: every member may be called from any thread. A lease must be released (or
 // destroyed) before the store is destroyed.
@@ -23,11 +33,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "zoffload/config.h"
+#include "zoffload/dtype.h"
 #include "zoffload/status.h"
 
 namespace zoffload {
@@ -71,8 +83,10 @@ class Lease {
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
 
-  std::byte* data() const { return data_; }  ///< device memory for gpu tensors
-  uint64_t size() const { return size_; }
+  std::byte* data() const { return data_; }  ///< device memory when where() is gpu
+  uint64_t size() const { return size_; }    ///< bytes
+  DType dtype() const { return dtype_; }
+  uint64_t elements() const { return size_ / DTypeBytes(dtype_); }
   Tier where() const { return where_; }
   /// Releases now (also what the destructor does).
   void Release();
@@ -84,6 +98,7 @@ class Lease {
   internal::StoreEntry* entry_ = nullptr;
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
+  DType dtype_ = DType::kFp32;
   Tier where_ = Tier::kHost;
   Access access_ = Access::kRead;
 };
@@ -111,22 +126,28 @@ class TensorStore {
   TensorStore(const TensorStore&) = delete;
   TensorStore& operator=(const TensorStore&) = delete;
 
-  /// Reserves `bytes` (>= 1) for `key` in its home tier. An nvme tensor already in the swap
-  /// space with the same size is reused with its data.
-  Status Register(const std::string& key, uint64_t bytes, Tier home);
+  /// Reserves `elements` (>= 1) of `dtype` for `key` in its home tier. An nvme tensor already
+  /// in the swap space with the same size is reused with its data; other new tensors are zeros
+  /// (device memory of gpu tensors is not initialized).
+  Status Register(const std::string& key, DType dtype, uint64_t elements, Tier home);
   /// Frees the tensor; it must not be leased.
   Status Unregister(const std::string& key);
 
-  LeaseFuture Acquire(const std::string& key, Access access);
-  /// Hint: `key` will be acquired soon; an nvme tensor starts loading into the cache now.
-  void Prefetch(const std::string& key);
-  /// Writes every dirty cached tensor back to NVMe and commits.
+  /// Leases `key` at `at` (default: gpu for gpu tensors, host for the others). `at` may be
+  /// gpu for any tensor and host for host and nvme tensors.
+  LeaseFuture Acquire(const std::string& key, Access access, std::optional<Tier> at = {});
+  /// Hint: `key` will be acquired at `at` soon; its moves there start now (an nvme tensor's
+  /// read; the upload of a tensor whose host copy is present).
+  void Prefetch(const std::string& key, std::optional<Tier> at = {});
+  /// Moves every released change down to the tensors' homes and commits the NVMe tier.
   Status Flush();
 
   struct Stats {
     uint64_t host_bytes = 0, gpu_bytes = 0;  ///< held now (host: tensors + cache)
-    uint64_t hits = 0, misses = 0, evictions = 0;
-    uint64_t bytes_read = 0, bytes_written = 0;  ///< NVMe traffic
+    uint64_t hits = 0, misses = 0, evictions = 0;  ///< NVMe cache in host memory
+    uint64_t gpu_hits = 0, gpu_misses = 0, gpu_evictions = 0;  ///< GPU copies
+    uint64_t bytes_read = 0, bytes_written = 0;                 ///< NVMe traffic
+    uint64_t bytes_to_gpu = 0, bytes_from_gpu = 0;              ///< PCIe traffic
   };
   Stats stats() const;
   bool Contains(const std::string& key) const;

@@ -120,18 +120,6 @@ void ForTiles(size_t n, int threads, F&& body) {
 
 }  // namespace
 
-std::string_view ToString(DType dtype) {
-  switch (dtype) {
-    case DType::kFp32:
-      return "fp32";
-    case DType::kBf16:
-      return "bf16";
-    case DType::kFp16:
-      return "fp16";
-  }
-  return "?";
-}
-
 std::string_view ToString(ParamCopy copy) {
   switch (copy) {
     case ParamCopy::kNone:

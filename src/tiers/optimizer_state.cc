@@ -60,6 +60,7 @@ Result<OptimizerStateOptions> OptimizerStateOptions::FromConfig(const Config& co
       break;
     case OffloadDevice::kNvme: {
       o.home = StateHome::kNvme;
+      o.offload_ratio = oo.ratio;
       ZO_ASSIGN_OR_RETURN(o.swap, SwapSpaceOptions::ForOptimizerState(config));
       break;
     }
@@ -126,27 +127,43 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
                "(zero_optimization.offload_optimizer.buffer_count), got ",
                po.buffers));
   }
+  const bool nvme = options.home == StateHome::kNvme;
+  if (nvme && !(options.offload_ratio > 0 && options.offload_ratio <= 1)) {
+    return InvalidArgumentError(
+        StrCat("optimizer state: offload_ratio (zero_optimization.offload_optimizer.ratio) must "
+               "be in (0, 1], got ",
+               options.offload_ratio));
+  }
   std::unique_ptr<OptimizerState> state(new OptimizerState());
   state->tensors_ = std::move(tensors);
   state->options_ = std::move(options);
   state->chunk_ = chunk;
   const StatePrecision precision = state->options_.precision;
-  if (state->options_.home == StateHome::kHost) {
-    for (const OptimizerTensor& t : state->tensors_) {
-      ZO_ASSIGN_OR_RETURN(AlignedBuffer p, AlignedBuffer::Allocate(4 * t.n, 64, true));
-      ZO_ASSIGN_OR_RETURN(AlignedBuffer m,
-                          AlignedBuffer::Allocate(AdamMomentBytes(precision, t.n), 64, true));
-      ZO_ASSIGN_OR_RETURN(AlignedBuffer v,
-                          AlignedBuffer::Allocate(AdamMomentBytes(precision, t.n), 64, true));
+  // Whole tensors, in order, fill the host share; the others go to NVMe.
+  uint64_t total = 0;
+  for (const OptimizerTensor& t : state->tensors_) total += t.n;
+  const double host_share = nvme ? 1.0 - state->options_.offload_ratio : 1.0;
+  const auto host_elements = static_cast<uint64_t>(host_share * static_cast<double>(total));
+  uint64_t kept = 0;
+  std::vector<OptimizerTensor> on_nvme;
+  for (const OptimizerTensor& t : state->tensors_) {
+    AlignedBuffer p, m, v;
+    if (kept + t.n <= host_elements) {
+      kept += t.n;
+      ZO_ASSIGN_OR_RETURN(p, AlignedBuffer::Allocate(4 * t.n, 64, true));
+      ZO_ASSIGN_OR_RETURN(m, AlignedBuffer::Allocate(AdamMomentBytes(precision, t.n), 64, true));
+      ZO_ASSIGN_OR_RETURN(v, AlignedBuffer::Allocate(AdamMomentBytes(precision, t.n), 64, true));
       std::memset(p.data(), 0, p.size());
       std::memset(m.data(), 0, m.size());
       std::memset(v.data(), 0, v.size());
-      state->params_.push_back(std::move(p));
-      state->m_.push_back(std::move(m));
-      state->v_.push_back(std::move(v));
+    } else {
+      on_nvme.push_back(t);
     }
-    return state;
+    state->params_.push_back(std::move(p));
+    state->m_.push_back(std::move(m));
+    state->v_.push_back(std::move(v));
   }
+  if (on_nvme.empty()) return state;
   // Block checksums are computed and verified by the Adam threads between requests, so the
   // I/O threads only move data.
   state->options_.swap.caller_checksums = true;
@@ -155,6 +172,7 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
   uint64_t end = 0, biggest = 0;
   for (size_t t = 0; t < state->tensors_.size(); ++t) {
     state->first_item_.push_back(state->items_.size());
+    if (state->in_host(t)) continue;
     for (uint64_t first = 0; first < state->tensors_[t].n; first += chunk) {
       state->items_.push_back({t, first, std::min(chunk, state->tensors_[t].n - first), end});
       const uint64_t padded = state->ItemRange(state->items_.size() - 1).second;
@@ -164,7 +182,7 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
     }
   }
   state->first_item_.push_back(state->items_.size());
-  state->key_ = StrCat("optimizer-", LayoutHash(state->tensors_, precision, chunk));
+  state->key_ = StrCat("optimizer-", LayoutHash(on_nvme, precision, chunk));
   const auto [last_offset, last_bytes] = state->ItemRange(state->items_.size() - 1);
   ZO_RETURN_IF_ERROR(state->swap_->Allocate(state->key_, last_offset + last_bytes));
   for (int b = 0; b < state->options_.pipeline.buffers; ++b) {
@@ -188,7 +206,7 @@ uint64_t OptimizerState::host_bytes() const {
 Status OptimizerState::Initialize(size_t i, const float* params) {
   if (i >= tensors_.size()) return OutOfRangeError(StrCat("optimizer state: no tensor ", i));
   const OptimizerTensor& t = tensors_[i];
-  if (options_.home == StateHome::kHost) {
+  if (in_host(i)) {
     std::memcpy(params_[i].data(), params, 4 * t.n);
     std::memset(m_[i].data(), 0, m_[i].size());
     std::memset(v_[i].data(), 0, v_[i].size());
@@ -213,7 +231,7 @@ Status OptimizerState::Initialize(size_t i, const float* params) {
 Status OptimizerState::Read(size_t i, float* params, void* m, void* v) {
   if (i >= tensors_.size()) return OutOfRangeError(StrCat("optimizer state: no tensor ", i));
   const OptimizerTensor& t = tensors_[i];
-  if (options_.home == StateHome::kHost) {
+  if (in_host(i)) {
     std::memcpy(params, params_[i].data(), params_[i].size());
     std::memcpy(m, m_[i].data(), m_[i].size());
     std::memcpy(v, v_[i].data(), v_[i].size());
@@ -285,24 +303,10 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
                                     &result.clip_coef);
   };
   StepStats stats;
-  if (options_.home == StateHome::kHost) {
+  if (items_.empty()) {
     const std::optional<float> grad_scale = decide();
     if (!grad_scale) return result;
-    for (size_t i = 0; i < tensors_.size(); ++i) {
-      AdamShard shard = grad_shards[i];
-      shard.params = params_[i].as<float>();
-      shard.state = options_.precision;
-      shard.m = m_[i].data();
-      shard.v = v_[i].data();
-      shard.param_copy = grads[i].param_copy;
-      shard.copy = grads[i].copy;
-      const auto t0 = Clock::now();
-      ZO_RETURN_IF_ERROR(AdamUpdate(shard, hyper, *grad_scale, options_.threads));
-      if (options_.tracer != nullptr) {
-        options_.tracer->Record("cpu adam", tensors_[i].name, t0, Clock::now());
-      }
-    }
-    stats.adam_seconds = Since(start);
+    ZO_RETURN_IF_ERROR(UpdateInHost(grads, hyper, *grad_scale, &stats));
   } else {
     ZO_RETURN_IF_ERROR(Stream(grads, &hyper, decide, &stats));
     if (result.skipped) return result;
@@ -312,8 +316,33 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
   return result;
 }
 
+Status OptimizerState::UpdateInHost(std::span<const TensorGrads> grads, const AdamHyper& hyper,
+                                    float grad_scale, StepStats* stats) {
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (!in_host(i)) continue;
+    AdamShard shard;
+    shard.params = params_[i].as<float>();
+    shard.n = tensors_[i].n;
+    shard.state = options_.precision;
+    shard.m = m_[i].data();
+    shard.v = v_[i].data();
+    shard.grads = grads[i].grads;
+    shard.grad_dtype = grads[i].dtype;
+    shard.param_copy = grads[i].param_copy;
+    shard.copy = grads[i].copy;
+    const auto t0 = Clock::now();
+    ZO_RETURN_IF_ERROR(AdamUpdate(shard, hyper, grad_scale, options_.threads)
+                           .WithContext(StrCat("updating '", tensors_[i].name, "'")));
+    stats->adam_seconds += Since(t0);
+    if (options_.tracer != nullptr) {
+      options_.tracer->Record("cpu adam", tensors_[i].name, t0, Clock::now());
+    }
+  }
+  return Status::Ok();
+}
+
 Result<StepStats> OptimizerState::IoOnlyPass() {
-  if (options_.home != StateHome::kNvme) {
+  if (items_.empty()) {
     return FailedPreconditionError("optimizer state: the I/O pass needs NVMe-resident state");
   }
   ZO_RETURN_IF_ERROR(broken_);
@@ -371,13 +400,21 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     const auto t0 = Clock::now();
     const std::optional<float> scale = decide();
     if (tracer != nullptr) tracer->Record("cpu adam", "gradient norm", t0, Clock::now());
-    if (!scale) {  // overflow: the step is skipped, nothing is written
+    // Nothing has been written yet: a skipped or failed step leaves the state as it was.
+    auto drain_reads = [&] {
       for (auto& slot : slots_) {
         if (slot->read.valid()) slot->read.Wait().IgnoreError();
       }
+    };
+    if (!scale) {  // overflow: the step is skipped
+      drain_reads();
       return Status::Ok();
     }
     grad_scale = *scale;
+    if (Status s = UpdateInHost(grads, *hyper, grad_scale, stats); !s.ok()) {
+      drain_reads();
+      return s.WithContext("optimizer step");
+    }
   }
   const auto begin_start = Clock::now();
   if (Status s = swap_->BeginWrite({key_}); !s.ok()) status = s;

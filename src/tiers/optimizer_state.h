@@ -1,6 +1,10 @@
 // OptimizerState: the Adam state of many tensors (fp32 master parameters, m, v), kept in host
 // memory or on NVMe, and the optimizer step over it.
 //
+// Placement: with home nvme, `offload_ratio` of the elements live on NVMe; tensors holding the
+// rest (filled in order, whole tensors) stay in host memory and are updated while the first
+// NVMe chunks are being read. The steps below are those of the NVMe part.
+//
 // The NVMe pipeline (one step):
 // 1. The gradients (host memory) are checked and normed (GradientNorm) while the first chunks
 //    are being read: on inf/NaN the step is skipped and nothing is written; otherwise the clip
@@ -64,14 +68,19 @@ struct PipelineOptions {
 
 struct OptimizerStateOptions {
   StateHome home = StateHome::kHost;
+  /// Home nvme: the share of the elements whose state lives on NVMe, in (0, 1]; the rest
+  /// stays in host memory.
+  double offload_ratio = 1.0;
   StatePrecision precision = StatePrecision::kFp32;
   SwapSpaceOptions swap;  ///< where NVMe state lives (home kNvme)
   PipelineOptions pipeline;
   int threads = 0;           ///< CPU Adam threads; 0 = physical cores
   Tracer* tracer = nullptr;  ///< optional timeline of every read, write and update
 
-  /// From a config: offload_optimizer.device (cpu -> host, nvme -> nvme), buffer_count,
-  /// pipeline_read/pipeline_write, zoffload.optimizer_state, cpu_adam_threads, NVMe paths.
+  /// From a config: offload_optimizer.device (cpu -> host, nvme -> nvme), ratio (nvme: the
+  /// NVMe share; cpu: the share below 1 that stays on the GPU is the engine's, this object
+  /// holds the host share), buffer_count, pipeline_read/pipeline_write,
+  /// zoffload.optimizer_state, cpu_adam_threads, NVMe paths.
   static Result<OptimizerStateOptions> FromConfig(const Config& config);
 };
 
@@ -101,7 +110,9 @@ class OptimizerState {
   size_t size() const { return tensors_.size(); }
   const OptimizerTensor& tensor(size_t i) const { return tensors_[i]; }
   uint64_t chunk_elements() const { return chunk_; }
-  /// Host bytes held: the state itself (home host) or the pipeline slots (home nvme).
+  /// Whether tensor i's state is in host memory (else on NVMe).
+  bool in_host(size_t i) const { return !params_[i].empty(); }
+  /// Host bytes held: the state in host memory and the pipeline slots.
   uint64_t host_bytes() const;
 
   /// Sets tensor i's master parameters and zeroes its moments (and writes them durably).
@@ -136,20 +147,24 @@ class OptimizerState {
   std::pair<uint64_t, uint64_t> ItemRange(size_t k) const;
   // Runs every item through the slots: read, update (when `hyper`), write back; commits.
   // `decide` (when set) runs once the first reads are in flight and gives the gradient scale,
-  // or nothing to skip the step (nothing is written then).
+  // or nothing to skip the step (nothing is written then); the tensors in host memory are
+  // updated right after it.
   Status Stream(std::span<const TensorGrads> grads, const AdamHyper* hyper,
                 const std::function<std::optional<float>()>& decide, StepStats* stats);
+  // Updates the tensors whose state is in host memory.
+  Status UpdateInHost(std::span<const TensorGrads> grads, const AdamHyper& hyper,
+                      float grad_scale, StepStats* stats);
 
   std::vector<OptimizerTensor> tensors_;
   OptimizerStateOptions options_;
   uint64_t chunk_ = 0;
-  std::vector<Item> items_;         // home nvme: every chunk of every tensor, in order
+  std::vector<Item> items_;         // every chunk of every tensor on NVMe, in order
   std::vector<size_t> first_item_;  // items_ index of each tensor's first chunk (+ end)
   std::string key_;                 // the swap tensor
   uint64_t block_ = 0;
-  // Home host: the state itself.
+  // The state of the tensors in host memory (empty buffers for those on NVMe).
   std::vector<AlignedBuffer> params_, m_, v_;
-  // Home nvme.
+  // The NVMe part.
   std::unique_ptr<SwapSpace> swap_;
   std::vector<std::unique_ptr<Slot>> slots_;
   Status broken_;  // set when a step failed midway

@@ -11,6 +11,7 @@
 #include "common/strings.h"
 #include "swap/swap_space.h"
 #if ZO_HAVE_CUDA
+#include "gpu/copy_engine.h"
 #include "gpu/device_buffer.h"
 #include "gpu/gpu_info.h"
 #include "gpu/pinned_pool.h"
@@ -50,10 +51,11 @@ struct HostBlock {
   AlignedBuffer aligned;
 #if ZO_HAVE_CUDA
   PinnedBuffer pinned;
+  bool is_pinned() const { return pinned.data() != nullptr; }
 #endif
   std::byte* data() const {
 #if ZO_HAVE_CUDA
-    if (pinned.data() != nullptr) return pinned.data();
+    if (is_pinned()) return pinned.data();
 #endif
     return const_cast<std::byte*>(aligned.data());
   }
@@ -63,27 +65,43 @@ struct HostBlock {
 
 struct StoreEntry {
   std::string key;
+  DType dtype = DType::kFp32;
   uint64_t bytes = 0;
   Tier home = Tier::kHost;
-  HostBlock host;  // host home, or the NVMe cache
+  HostBlock host;  // host home; the cache of an nvme tensor; kept while a GPU copy exists
 #if ZO_HAVE_CUDA
-  DeviceBuffer device;
+  DeviceBuffer device;  // gpu home, or the GPU copy of a host or nvme tensor
 #endif
-  int leases = 0;
-  bool dirty = false;    // the cached copy is newer than the disk's
-  bool on_disk = false;  // the swap tensor holds data
+  int host_leases = 0, gpu_leases = 0, writers = 0;
+  bool dirty = false;         // nvme: the host copy is newer than the disk's
+  bool device_dirty = false;  // the GPU copy of a host or nvme tensor is newer than the host's
+  bool on_disk = false;       // the swap tensor holds data
   uint64_t last_use = 0;
-  // A read into the cache in flight (guarded by load_mu, not the store's mutex).
-  std::mutex load_mu;
-  IoFuture load;
+  // Moves in flight (guarded by move_mu, not the store's mutex; lock order: mu, then move_mu).
+  std::mutex move_mu;
+  IoFuture load;  // NVMe -> host copy
   Status load_status;
+#if ZO_HAVE_CUDA
+  bool upload_after_load = false;  // the GPU copy is filled once the load is in
+  CopyToken upload;  // host copy -> GPU copy
+  bool upload_valid = false;
+#endif
+
+  bool has_device() const {
+#if ZO_HAVE_CUDA
+    return home != Tier::kGpu && device.data() != nullptr;
+#else
+    return false;
+#endif
+  }
 };
 
 struct LeaseState {
   TensorStore* store = nullptr;
   StoreEntry* entry = nullptr;
   Access access = Access::kRead;
-  Status error;  // the request failed before any I/O
+  Tier at = Tier::kHost;
+  Status error;  // the request failed before any move
 };
 
 }  // namespace internal
@@ -96,7 +114,9 @@ struct TensorStore::Impl {
   std::unordered_map<std::string, std::unique_ptr<StoreEntry>> entries;
   std::unique_ptr<SwapSpace> swap;  // opened on the first nvme tensor
 #if ZO_HAVE_CUDA
-  std::unique_ptr<PinnedPool> pinned;
+  std::unique_ptr<PinnedPool> pinned;  // when a GPU is usable
+  bool pin_host = false;               // host tensors and caches from `pinned`
+  std::unique_ptr<CopyEngine> copies;  // made on the first GPU copy
 #endif
   uint64_t host_used = 0, gpu_used = 0, tick = 0;
   Stats stats;
@@ -105,15 +125,16 @@ struct TensorStore::Impl {
   std::unordered_map<std::string, std::vector<size_t>> cycle;  // key -> positions in it
   size_t cycle_length = 0, position = 0;
 
-  uint64_t HostBudget() const {
-    return options.host_budget_bytes == 0 ? std::numeric_limits<uint64_t>::max()
-                                          : options.host_budget_bytes;
+  static uint64_t Budget(uint64_t budget) {
+    return budget == 0 ? std::numeric_limits<uint64_t>::max() : budget;
   }
+  uint64_t HostBudget() const { return Budget(options.host_budget_bytes); }
+  uint64_t GpuBudget() const { return Budget(options.gpu_budget_bytes); }
 
   Result<internal::HostBlock> AllocateHost(uint64_t bytes) {
     internal::HostBlock block;
 #if ZO_HAVE_CUDA
-    if (pinned != nullptr) {
+    if (pin_host) {
       ZO_ASSIGN_OR_RETURN(block.pinned, pinned->Allocate(bytes));
       return block;
     }
@@ -161,6 +182,22 @@ struct TensorStore::Impl {
     return best;
   }
 
+  // The evictable copy (`pred`) needed last, or null.
+  template <typename Pred>
+  StoreEntry* Victim(Pred pred) const {
+    StoreEntry* victim = nullptr;
+    uint64_t farthest = 0;
+    for (const auto& [key, e] : entries) {
+      if (!pred(*e)) continue;
+      const uint64_t d = NextUse(*e);
+      if (victim == nullptr || d > farthest) {
+        victim = e.get();
+        farthest = d;
+      }
+    }
+    return victim;
+  }
+
   Status WriteBack(StoreEntry& e) {
     ZO_RETURN_IF_ERROR(swap->Write(e.key, 0, {e.host.data(), e.bytes}).Wait());
     stats.bytes_written += e.bytes;
@@ -169,27 +206,68 @@ struct TensorStore::Impl {
     return Status::Ok();
   }
 
-  // Frees cache until `bytes` more fit in the host budget (mu held).
+#if ZO_HAVE_CUDA
+  // Waits for an upload into e's GPU copy (mu held).
+  static Status FinishUpload(StoreEntry& e) {
+    std::lock_guard move_lock(e.move_mu);
+    e.upload_after_load = false;
+    if (!e.upload_valid) return Status::Ok();
+    e.upload_valid = false;
+    return e.upload.Wait();
+  }
+#endif
+
+  // GPU copy -> host copy when the GPU's is newer (mu held).
+  Status Download(StoreEntry& e) {
+#if ZO_HAVE_CUDA
+    if (!e.has_device() || !e.device_dirty) return Status::Ok();
+    if (e.host.is_pinned()) {
+      ZO_ASSIGN_OR_RETURN(CopyToken t,
+                          copies->DeviceToHost(e.host.data(), e.device.data(), e.bytes));
+      ZO_RETURN_IF_ERROR(t.Wait());
+    } else {
+      ZO_RETURN_IF_ERROR(copies->DeviceToHostStaged(e.host.data(), e.device.data(), e.bytes));
+    }
+    stats.bytes_from_gpu += e.bytes;
+    e.device_dirty = false;
+    if (e.home == Tier::kNvme) e.dirty = true;
+#else
+    (void)e;
+#endif
+    return Status::Ok();
+  }
+
+  // Moves a GPU copy's changes down and frees it (mu held, not leased).
+  Status DropDevice(StoreEntry& e) {
+#if ZO_HAVE_CUDA
+    if (!e.has_device()) return Status::Ok();
+    FinishUpload(e).IgnoreError();  // being dropped: its data no longer matters
+    ZO_RETURN_IF_ERROR(Download(e));
+    e.device = DeviceBuffer();
+    gpu_used -= e.bytes;
+#else
+    (void)e;
+#endif
+    return Status::Ok();
+  }
+
+  // Frees host copies of nvme tensors until `bytes` more fit in the host budget (mu held).
   Status MakeRoom(uint64_t bytes, const std::string& for_key) {
     while (host_used + bytes > HostBudget()) {
-      StoreEntry* victim = nullptr;
-      uint64_t farthest = 0;
-      for (auto& [key, e] : entries) {
-        if (e->home != Tier::kNvme || e->host.empty() || e->leases > 0 || e->load.valid()) {
-          continue;
+      StoreEntry* victim = Victim([](StoreEntry& e) {
+        if (e.home != Tier::kNvme || e.host.empty() || e.host_leases + e.gpu_leases > 0) {
+          return false;
         }
-        const uint64_t d = NextUse(*e);
-        if (victim == nullptr || d > farthest) {
-          victim = e.get();
-          farthest = d;
-        }
-      }
+        std::lock_guard move_lock(e.move_mu);
+        return !e.load.valid();
+      });
       if (victim == nullptr) {
         return ResourceExhaustedError(
             StrCat("tensor store: host budget ", HumanBytes(HostBudget()), " cannot hold '",
                    for_key, "' (", HumanBytes(bytes), "): ", HumanBytes(host_used),
                    " in use by host tensors and leased or loading NVMe tensors"));
       }
+      ZO_RETURN_IF_ERROR(DropDevice(*victim));
       if (victim->dirty) ZO_RETURN_IF_ERROR(WriteBack(*victim));
       host_used -= victim->bytes;
       victim->host.Reset();
@@ -198,9 +276,31 @@ struct TensorStore::Impl {
     return Status::Ok();
   }
 
-  // Makes an nvme tensor cached, starting its read unless it is to be overwritten (mu held).
+  // Frees GPU copies until `bytes` more fit in the GPU budget (mu held).
+  Status MakeGpuRoom(uint64_t bytes, const std::string& for_key) {
+    while (gpu_used + bytes > GpuBudget()) {
+      StoreEntry* victim =
+          Victim([](StoreEntry& e) { return e.has_device() && e.gpu_leases == 0; });
+      if (victim == nullptr) {
+        return ResourceExhaustedError(StrCat(
+            "tensor store: GPU budget ", HumanBytes(GpuBudget()), " cannot hold '", for_key,
+            "' (", HumanBytes(bytes), "): ", HumanBytes(gpu_used),
+            " in use by gpu tensors and leased GPU copies"));
+      }
+      ZO_RETURN_IF_ERROR(DropDevice(*victim));
+      ++stats.gpu_evictions;
+    }
+    return Status::Ok();
+  }
+
+  // Makes an nvme tensor's host copy, starting its read unless it is to be overwritten
+  // (mu held).
   Status Load(StoreEntry& e, bool read) {
-    if (!e.host.empty()) return Status::Ok();
+    if (!e.host.empty()) {
+      ++stats.hits;
+      return Status::Ok();
+    }
+    ++stats.misses;
     ZO_RETURN_IF_ERROR(MakeRoom(e.bytes, e.key));
     ZO_ASSIGN_OR_RETURN(e.host, AllocateHost(e.bytes));
     host_used += e.bytes;
@@ -209,11 +309,62 @@ struct TensorStore::Impl {
       std::memset(e.host.data(), 0, e.bytes);
       return Status::Ok();
     }
-    std::lock_guard load_lock(e.load_mu);
+    std::lock_guard move_lock(e.move_mu);
     e.load = swap->Read(e.key, 0, {e.host.data(), e.bytes});
     e.load_status = Status::Ok();
     stats.bytes_read += e.bytes;
     return Status::Ok();
+  }
+
+#if ZO_HAVE_CUDA
+  // host copy -> GPU copy (move_mu held).
+  Status StartUpload(StoreEntry& e) {
+    if (e.host.is_pinned()) {
+      ZO_ASSIGN_OR_RETURN(e.upload,
+                          copies->HostToDevice(e.device.data(), e.host.data(), e.bytes));
+    } else {
+      ZO_ASSIGN_OR_RETURN(e.upload,
+                          copies->HostToDeviceStaged(e.device.data(), e.host.data(), e.bytes));
+    }
+    e.upload_valid = true;
+    return Status::Ok();
+  }
+#endif
+
+  // Makes the GPU copy of a host or nvme tensor; fills it from the host copy unless it is to
+  // be overwritten: now, or, while the host copy is loading, when a GPU lease's Get finds the
+  // load in (mu held).
+  Status Upload(StoreEntry& e, bool fill) {
+#if ZO_HAVE_CUDA
+    if (copies == nullptr) {
+      ZO_RETURN_IF_ERROR(UsableGpuCount().status());
+      if (pinned == nullptr) {
+        return FailedPreconditionError(
+            "tensor store: a GPU appeared after the store was opened; reopen it");
+      }
+      ZO_ASSIGN_OR_RETURN(copies, CopyEngine::Create(*pinned));
+    }
+    if (e.has_device()) {
+      ++stats.gpu_hits;
+      return Status::Ok();
+    }
+    ++stats.gpu_misses;
+    ZO_RETURN_IF_ERROR(MakeGpuRoom(e.bytes, e.key));
+    ZO_ASSIGN_OR_RETURN(e.device, DeviceBuffer::Allocate(e.bytes));
+    gpu_used += e.bytes;
+    if (!fill) return Status::Ok();
+    stats.bytes_to_gpu += e.bytes;
+    std::lock_guard move_lock(e.move_mu);
+    if (e.load.valid()) {
+      e.upload_after_load = true;
+      return Status::Ok();
+    }
+    return StartUpload(e);
+#else
+    (void)e, (void)fill;
+    return FailedPreconditionError(
+        "tensor store: GPU residency needs a GPU, and this build has no CUDA");
+#endif
   }
 };
 
@@ -226,6 +377,7 @@ Lease::Lease(Lease&& other) noexcept
       entry_(std::exchange(other.entry_, nullptr)),
       data_(other.data_),
       size_(other.size_),
+      dtype_(other.dtype_),
       where_(other.where_),
       access_(other.access_) {}
 
@@ -236,6 +388,7 @@ Lease& Lease::operator=(Lease&& other) noexcept {
     entry_ = std::exchange(other.entry_, nullptr);
     data_ = other.data_;
     size_ = other.size_;
+    dtype_ = other.dtype_;
     where_ = other.where_;
     access_ = other.access_;
   }
@@ -249,11 +402,27 @@ void Lease::Release() {
   data_ = nullptr;
 }
 
+namespace {
+
+// Takes back the counts of a lease at `at` (mu held); returns whether it could write.
+bool EndLease(StoreEntry& e, Tier at, Access access) {
+  --(at == Tier::kGpu ? e.gpu_leases : e.host_leases);
+  if (access == Access::kRead) return false;
+  --e.writers;
+  return true;
+}
+
+}  // namespace
+
 void TensorStore::Release(Lease& lease) {
   std::lock_guard lock(impl_->mu);
   StoreEntry& e = *lease.entry_;
-  --e.leases;
-  if (lease.access_ != Access::kRead && e.home == Tier::kNvme) e.dirty = true;
+  if (!EndLease(e, lease.where_, lease.access_)) return;
+  if (lease.where_ == Tier::kGpu) {
+    if (e.home != Tier::kGpu) e.device_dirty = true;
+  } else if (e.home == Tier::kNvme) {
+    e.dirty = true;
+  }
 }
 
 LeaseFuture::~LeaseFuture() {
@@ -268,8 +437,18 @@ LeaseFuture& LeaseFuture::operator=(LeaseFuture&&) noexcept = default;
 bool LeaseFuture::Ready() const {
   if (state_ == nullptr || !state_->error.ok()) return true;
   StoreEntry& e = *state_->entry;
-  std::lock_guard load_lock(e.load_mu);
-  return !e.load.valid() || e.load.Ready();
+  std::lock_guard move_lock(e.move_mu);
+  if (e.load.valid() && !e.load.Ready()) return false;
+#if ZO_HAVE_CUDA
+  if (state_->at == Tier::kGpu) {
+    if (e.upload_after_load) return false;
+    if (e.upload_valid) {
+      auto done = e.upload.Done();
+      return !done.ok() || *done;
+    }
+  }
+#endif
+  return true;
 }
 
 Result<Lease> LeaseFuture::Get() {
@@ -277,39 +456,62 @@ Result<Lease> LeaseFuture::Get() {
   std::unique_ptr<internal::LeaseState> state = std::move(state_);
   if (!state->error.ok()) return state->error;
   StoreEntry& e = *state->entry;
-  Status status;
+  TensorStore::Impl& s = *state->store->impl_;
+  Status loaded, uploaded;
   {
-    std::lock_guard load_lock(e.load_mu);
+    std::lock_guard move_lock(e.move_mu);
     if (e.load.valid()) {
       e.load_status = e.load.Wait();
       e.load = IoFuture();
     }
-    status = e.load_status;
+    loaded = e.load_status;
+#if ZO_HAVE_CUDA
+    if (state->at == Tier::kGpu && loaded.ok()) {
+      if (e.upload_after_load) {
+        e.upload_after_load = false;
+        uploaded = s.StartUpload(e);
+      }
+      if (uploaded.ok() && e.upload_valid) {
+        e.upload_valid = false;
+        uploaded = e.upload.Wait();
+      }
+    }
+#endif
   }
   Lease lease;
   lease.store_ = state->store;
   lease.entry_ = &e;
   lease.size_ = e.bytes;
+  lease.dtype_ = e.dtype;
   lease.access_ = state->access;
-  lease.where_ = e.home == Tier::kGpu ? Tier::kGpu : Tier::kHost;
+  lease.where_ = state->at;
 #if ZO_HAVE_CUDA
-  lease.data_ = e.home == Tier::kGpu ? static_cast<std::byte*>(e.device.data()) : e.host.data();
+  lease.data_ =
+      state->at == Tier::kGpu ? static_cast<std::byte*>(e.device.data()) : e.host.data();
 #else
   lease.data_ = e.host.data();
 #endif
-  if (!status.ok()) {
-    {
-      std::lock_guard lock(state->store->impl_->mu);
-      --e.leases;
-      if (!e.host.empty()) {  // the failed copy is dropped (once, by whoever sees it first)
-        state->store->impl_->host_used -= e.bytes;
-        e.host.Reset();
-      }
+  if (loaded.ok() && uploaded.ok()) return lease;
+  lease.store_ = nullptr;
+  {
+    // The failed copy is dropped (once, by whoever sees it first); the home stays.
+    std::lock_guard lock(s.mu);
+    EndLease(e, state->at, state->access);
+    if (!loaded.ok() && e.home == Tier::kNvme && !e.host.empty()) {
+      if (e.has_device()) s.DropDevice(e).IgnoreError();  // never filled
+      s.host_used -= e.bytes;
+      e.host.Reset();
     }
-    lease.store_ = nullptr;
-    return status.WithContext(StrCat("tensor store: loading '", e.key, "'"));
+#if ZO_HAVE_CUDA
+    if (!uploaded.ok() && e.has_device()) {
+      e.device = DeviceBuffer();
+      s.gpu_used -= e.bytes;
+    }
+#endif
   }
-  return lease;
+  return (loaded.ok() ? uploaded : loaded)
+      .WithContext(StrCat("tensor store: ", loaded.ok() ? "uploading '" : "loading '", e.key,
+                          "'"));
 }
 
 // ---- TensorStore --------------------------------------------------------------------------
@@ -317,8 +519,11 @@ Result<Lease> LeaseFuture::Get() {
 TensorStore::TensorStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TensorStore::~TensorStore() {
   for (auto& [key, e] : impl_->entries) {
-    std::lock_guard load_lock(e->load_mu);
+    std::lock_guard move_lock(e->move_mu);
     if (e->load.valid()) e->load.Wait().IgnoreError();
+#if ZO_HAVE_CUDA
+    if (e->upload_valid) e->upload.Wait().IgnoreError();
+#endif
   }
 }
 
@@ -326,23 +531,24 @@ Result<std::unique_ptr<TensorStore>> TensorStore::Open(TensorStoreOptions option
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);
 #if ZO_HAVE_CUDA
-  if (impl->options.pin_host && UsableGpuCount().ok()) {
+  if (UsableGpuCount().ok()) {
     PinnedPoolOptions po;
-    po.device = impl->options.device;
-    po.budget_bytes = impl->options.host_budget_bytes == 0 ? std::numeric_limits<uint64_t>::max()
-                                                           : impl->options.host_budget_bytes;
+    po.device = impl->options.device;  // the store enforces the host budget itself
     ZO_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::Create(po));
     impl->pinned = std::make_unique<PinnedPool>(std::move(pool));
+    impl->pin_host = impl->options.pin_host;
   }
 #endif
   return std::unique_ptr<TensorStore>(new TensorStore(std::move(impl)));
 }
 
-Status TensorStore::Register(const std::string& key, uint64_t bytes, Tier home) {
-  if (key.empty() || bytes == 0) {
+Status TensorStore::Register(const std::string& key, DType dtype, uint64_t elements,
+                             Tier home) {
+  if (key.empty() || elements == 0) {
     return InvalidArgumentError(
-        StrCat("tensor store: tensor '", key, "' needs a key and at least 1 byte"));
+        StrCat("tensor store: tensor '", key, "' needs a key and at least 1 element"));
   }
+  const uint64_t bytes = elements * DTypeBytes(dtype);
   Impl& s = *impl_;
   std::lock_guard lock(s.mu);
   if (s.entries.contains(key)) {
@@ -350,11 +556,12 @@ Status TensorStore::Register(const std::string& key, uint64_t bytes, Tier home) 
   }
   auto e = std::make_unique<StoreEntry>();
   e->key = key;
+  e->dtype = dtype;
   e->bytes = bytes;
   e->home = home;
   switch (home) {
     case Tier::kHost: {
-      if (s.host_used + bytes > s.HostBudget()) ZO_RETURN_IF_ERROR(s.MakeRoom(bytes, key));
+      ZO_RETURN_IF_ERROR(s.MakeRoom(bytes, key));
       ZO_ASSIGN_OR_RETURN(e->host, s.AllocateHost(bytes));
       std::memset(e->host.data(), 0, bytes);
       s.host_used += bytes;
@@ -362,12 +569,8 @@ Status TensorStore::Register(const std::string& key, uint64_t bytes, Tier home) 
     }
     case Tier::kGpu: {
 #if ZO_HAVE_CUDA
-      if (s.options.gpu_budget_bytes != 0 && s.gpu_used + bytes > s.options.gpu_budget_bytes) {
-        return ResourceExhaustedError(StrCat(
-            "tensor store: GPU budget ", HumanBytes(s.options.gpu_budget_bytes), " cannot hold '",
-            key, "' (", HumanBytes(bytes), "): ", HumanBytes(s.gpu_used), " in use"));
-      }
       ZO_RETURN_IF_ERROR(UsableGpuCount().status());
+      ZO_RETURN_IF_ERROR(s.MakeGpuRoom(bytes, key));
       ZO_ASSIGN_OR_RETURN(e->device, DeviceBuffer::Allocate(bytes));
       s.gpu_used += bytes;
       break;
@@ -404,59 +607,97 @@ Status TensorStore::Unregister(const std::string& key) {
   auto it = s.entries.find(key);
   if (it == s.entries.end()) return NotFoundError(StrCat("tensor store: no tensor '", key, "'"));
   StoreEntry& e = *it->second;
-  if (e.leases > 0) {
+  if (e.host_leases + e.gpu_leases > 0) {
     return FailedPreconditionError(StrCat("tensor store: '", key, "' is leased"));
   }
   {
-    std::lock_guard load_lock(e.load_mu);
+    std::lock_guard move_lock(e.move_mu);
     if (e.load.valid()) e.load.Wait().IgnoreError();
+#if ZO_HAVE_CUDA
+    if (e.upload_valid) e.upload.Wait().IgnoreError();
+#endif
   }
   if (!e.host.empty()) s.host_used -= e.bytes;
-  if (e.home == Tier::kGpu) s.gpu_used -= e.bytes;
+#if ZO_HAVE_CUDA
+  if (e.device.data() != nullptr) s.gpu_used -= e.bytes;
+#endif
   if (e.home == Tier::kNvme) ZO_RETURN_IF_ERROR(s.swap->Remove(key));
   s.entries.erase(it);
   return Status::Ok();
 }
 
-LeaseFuture TensorStore::Acquire(const std::string& key, Access access) {
+LeaseFuture TensorStore::Acquire(const std::string& key, Access access, std::optional<Tier> at) {
   Impl& s = *impl_;
   LeaseFuture future;
   future.state_ = std::make_unique<internal::LeaseState>();
-  future.state_->store = this;
-  future.state_->access = access;
+  internal::LeaseState& state = *future.state_;
+  state.store = this;
+  state.access = access;
   std::lock_guard lock(s.mu);
   auto it = s.entries.find(key);
   if (it == s.entries.end()) {
-    future.state_->error = NotFoundError(StrCat("tensor store: no tensor '", key, "'"));
+    state.error = NotFoundError(StrCat("tensor store: no tensor '", key, "'"));
     return future;
   }
   StoreEntry& e = *it->second;
+  state.at = at.value_or(e.home == Tier::kGpu ? Tier::kGpu : Tier::kHost);
+  if (state.at == Tier::kNvme || (e.home == Tier::kGpu && state.at == Tier::kHost)) {
+    state.error = InvalidArgumentError(
+        StrCat("tensor store: '", key, "' (home ", ToString(e.home), ") cannot be leased at ",
+               ToString(state.at), ": leases are in GPU memory, or in host memory for host and "
+               "nvme tensors"));
+    return future;
+  }
+  const bool on_gpu = state.at == Tier::kGpu;
+  const int elsewhere = on_gpu ? e.host_leases : e.gpu_leases;
+  if (elsewhere > 0 && (access != Access::kRead || e.writers > 0)) {
+    state.error = FailedPreconditionError(
+        StrCat("tensor store: '", key, "' is leased in ", on_gpu ? "host" : "GPU",
+               " memory; a lease that writes must be the tensor's only place"));
+    return future;
+  }
   s.NoteAccess(key);
-  if (e.home == Tier::kNvme) {
-    const bool cached = !e.host.empty();
-    ++(cached ? s.stats.hits : s.stats.misses);
-    if (Status st = s.Load(e, access != Access::kWrite); !st.ok()) {
-      future.state_->error = st;
-      return future;
-    }
+  Status st;
+  if (on_gpu && e.home != Tier::kGpu) {
+    if (e.home == Tier::kNvme) st = s.Load(e, access != Access::kWrite);
+    if (st.ok()) st = s.Upload(e, access != Access::kWrite);
+  } else if (!on_gpu) {
+    st = s.Download(e);  // the GPU copy's released changes first
+    if (st.ok() && e.home == Tier::kNvme) st = s.Load(e, access != Access::kWrite);
+    // A host lease that writes makes the GPU copy stale.
+    if (st.ok() && access != Access::kRead) st = s.DropDevice(e);
+  }
+  if (!st.ok()) {
+    state.error = st;
+    return future;
   }
   e.last_use = s.tick;
-  ++e.leases;
-  future.state_->entry = &e;
+  ++(on_gpu ? e.gpu_leases : e.host_leases);
+  if (access != Access::kRead) ++e.writers;
+  state.entry = &e;
   return future;
 }
 
-void TensorStore::Prefetch(const std::string& key) {
+void TensorStore::Prefetch(const std::string& key, std::optional<Tier> at) {
   Impl& s = *impl_;
   std::lock_guard lock(s.mu);
   auto it = s.entries.find(key);
-  if (it == s.entries.end() || it->second->home != Tier::kNvme) return;
-  s.Load(*it->second, true).IgnoreError();  // a hint: no room now means no prefetch
+  if (it == s.entries.end()) return;
+  StoreEntry& e = *it->second;
+  const bool on_gpu = at == Tier::kGpu && e.home != Tier::kGpu;
+  if (e.gpu_leases + e.host_leases > 0) return;  // in use: nothing to move ahead
+  // A hint: no room now means no prefetch.
+  if (e.home == Tier::kNvme && !s.Load(e, true).ok()) return;
+  if (on_gpu) s.Upload(e, true).IgnoreError();
 }
 
 Status TensorStore::Flush() {
   Impl& s = *impl_;
   std::lock_guard lock(s.mu);
+  for (auto& [key, e] : s.entries) {
+    // Released changes only: a GPU lease that writes may be changing its copy now.
+    if (e->writers == 0 || e->gpu_leases == 0) ZO_RETURN_IF_ERROR(s.Download(*e));
+  }
   if (s.swap == nullptr) return Status::Ok();
   for (auto& [key, e] : s.entries) {
     if (e->home == Tier::kNvme && e->dirty) ZO_RETURN_IF_ERROR(s.WriteBack(*e));

@@ -88,13 +88,16 @@ struct Variant {
   StateHome home;
   StatePrecision precision;
   PipelineOptions pipeline;
+  double offload_ratio = 1.0;  ///< home nvme: the rest of the tensors stay in host memory
 };
 
 std::string Name(const ::testing::TestParamInfo<Variant>& info) {
   const Variant& v = info.param;
   return StrCat(v.home == StateHome::kHost ? "host_" : "nvme_", ToString(v.precision), "_b",
                 v.pipeline.buffers, v.pipeline.overlap_read ? "_r" : "",
-                v.pipeline.overlap_write ? "_w" : "");
+                v.pipeline.overlap_write ? "_w" : "",
+                v.offload_ratio < 1 ? StrCat("_ratio", static_cast<int>(100 * v.offload_ratio))
+                                    : "");
 }
 
 class OptimizerStateTest : public ::testing::TestWithParam<Variant> {};
@@ -108,6 +111,7 @@ TEST_P(OptimizerStateTest, StepsAreBitIdenticalToInMemoryAdam) {
   o.pipeline.buffers = variant.pipeline.buffers;
   o.pipeline.overlap_read = variant.pipeline.overlap_read;
   o.pipeline.overlap_write = variant.pipeline.overlap_write;
+  o.offload_ratio = variant.offload_ratio;
   Tracer tracer(dir.File("trace.json"));
   o.tracer = &tracer;
   auto state = OptimizerState::Create(Tensors(), o);
@@ -157,9 +161,21 @@ TEST_P(OptimizerStateTest, StepsAreBitIdenticalToInMemoryAdam) {
     const StepStats& stats = (*state)->last_step();
     EXPECT_GT(stats.bytes_read, 0u);
     EXPECT_EQ(stats.bytes_read, stats.bytes_written);
-    // Host memory is the pipeline's slots, not the state.
+    // Host memory is the pipeline's slots and the host share, not the NVMe share.
+    uint64_t host_state = 0, nvme_elements = 0;
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      if ((*state)->in_host(i)) {
+        host_state += 4 * kSizes[i] + 2 * AdamMomentBytes(variant.precision, kSizes[i]);
+      } else {
+        nvme_elements += kSizes[i];
+      }
+    }
+    if (variant.offload_ratio < 1) {
+      EXPECT_GT(host_state, 0u);
+    }
+    EXPECT_GT(nvme_elements, 0u);
     EXPECT_LE((*state)->host_bytes(),
-              static_cast<uint64_t>(variant.pipeline.buffers) * 3 * (128 << 10));
+              host_state + static_cast<uint64_t>(variant.pipeline.buffers) * 3 * (128 << 10));
     EXPECT_GT(tracer.events(), 0u);
   }
   ASSERT_TRUE(tracer.Write().ok());
@@ -178,7 +194,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Variant{StateHome::kNvme, StatePrecision::kInt8, {3, true, true, 0}},
                       Variant{StateHome::kNvme, StatePrecision::kFp32, {2, false, false, 0}},
                       Variant{StateHome::kNvme, StatePrecision::kFp32, {2, true, false, 0}},
-                      Variant{StateHome::kNvme, StatePrecision::kFp32, {2, true, true, 0}}),
+                      Variant{StateHome::kNvme, StatePrecision::kFp32, {2, true, true, 0}},
+                      Variant{StateHome::kNvme, StatePrecision::kFp32, {4, true, true, 0}, 0.8},
+                      Variant{StateHome::kNvme, StatePrecision::kInt8, {3, true, true, 0}, 0.5}),
     Name);
 
 TEST(OptimizerStateFaults, OverflowSkipsWithoutWriting) {

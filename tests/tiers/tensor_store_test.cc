@@ -78,12 +78,14 @@ TEST_P(TierConformance, WhatIsWrittenIsReadBack) {
   const Tier tier = GetParam();
   for (uint64_t n : {uint64_t{1}, uint64_t{4095}, uint64_t{65536}, uint64_t{(1 << 20) + 3}}) {
     const std::string key = StrCat("t", n);
-    ASSERT_TRUE((*store)->Register(key, n, tier).ok());
-    const auto data = Pattern(n, static_cast<uint32_t>(n));
+    ASSERT_TRUE((*store)->Register(key, DType::kBf16, n, tier).ok());
+    const auto data = Pattern(2 * n, static_cast<uint32_t>(n));
     {
       auto lease = (*store)->Acquire(key, Access::kWrite).Get();
       ASSERT_TRUE(lease.ok()) << lease.status();
-      EXPECT_EQ(lease->size(), n);
+      EXPECT_EQ(lease->size(), 2 * n);
+      EXPECT_EQ(lease->elements(), n);
+      EXPECT_EQ(lease->dtype(), DType::kBf16);
       EXPECT_EQ(lease->where(), tier == Tier::kGpu ? Tier::kGpu : Tier::kHost);
       Put(*lease, data);
     }
@@ -98,10 +100,10 @@ TEST_P(TierConformance, FreshTensorsReadAsZeros) {
   auto store = TensorStore::Open(options_);
   ASSERT_TRUE(store.ok());
   if (GetParam() == Tier::kGpu) GTEST_SKIP() << "device memory is not zeroed by the store";
-  ASSERT_TRUE((*store)->Register("z", 1000, GetParam()).ok());
+  ASSERT_TRUE((*store)->Register("z", DType::kFp32, 1000, GetParam()).ok());
   auto lease = (*store)->Acquire("z", Access::kRead).Get();
   ASSERT_TRUE(lease.ok()) << lease.status();
-  EXPECT_EQ(Get(*lease), std::vector<std::byte>(1000));
+  EXPECT_EQ(Get(*lease), std::vector<std::byte>(4000));
 }
 
 TEST_P(TierConformance, BadRequestsAreClearErrors) {
@@ -110,10 +112,13 @@ TEST_P(TierConformance, BadRequestsAreClearErrors) {
   const Tier tier = GetParam();
   EXPECT_EQ((*store)->Acquire("missing", Access::kRead).Get().status().code(),
             StatusCode::kNotFound);
-  EXPECT_EQ((*store)->Register("", 5, tier).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ((*store)->Register("zero", 0, tier).code(), StatusCode::kInvalidArgument);
-  ASSERT_TRUE((*store)->Register("a", 100, tier).ok());
-  EXPECT_EQ((*store)->Register("a", 100, tier).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ((*store)->Register("", DType::kFp32, 5, tier).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*store)->Register("zero", DType::kFp32, 0, tier).code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*store)->Register("a", DType::kFp32, 100, tier).ok());
+  EXPECT_EQ((*store)->Register("a", DType::kFp32, 100, tier).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ((*store)->Acquire("a", Access::kRead, Tier::kNvme).Get().status().code(),
+            StatusCode::kInvalidArgument);
   {
     auto lease = (*store)->Acquire("a", Access::kRead).Get();
     ASSERT_TRUE(lease.ok());
@@ -122,7 +127,7 @@ TEST_P(TierConformance, BadRequestsAreClearErrors) {
   EXPECT_TRUE((*store)->Unregister("a").ok());
   EXPECT_FALSE((*store)->Contains("a"));
   if (tier != Tier::kNvme) {  // nvme tensors only need disk; the others hit their budget
-    const Status over = (*store)->Register("huge", uint64_t{65} << 20, tier);
+    const Status over = (*store)->Register("huge", DType::kFp32, uint64_t{17} << 20, tier);
     EXPECT_EQ(over.code(), StatusCode::kResourceExhausted) << over;
     EXPECT_NE(over.message().find("budget"), std::string::npos) << over;
   }
@@ -151,7 +156,7 @@ TEST(TensorStoreNvme, EvictsByNextUseAndWritesBackDirtyTensors) {
   ASSERT_TRUE(store.ok());
   constexpr int kTensors = 6;
   for (int t = 0; t < kTensors; ++t) {
-    ASSERT_TRUE((*store)->Register(StrCat("w", t), 1 << 20, Tier::kNvme).ok());
+    ASSERT_TRUE((*store)->Register(StrCat("w", t), DType::kFp32, 1 << 18, Tier::kNvme).ok());
   }
   for (int step = 0; step < 4; ++step) {
     for (int t = 0; t < kTensors; ++t) {
@@ -176,7 +181,7 @@ TEST(TensorStoreNvme, EvictsByNextUseAndWritesBackDirtyTensors) {
   auto again = TensorStore::Open(NvmeOptions(dir.path(), 3 << 20));
   ASSERT_TRUE(again.ok());
   for (int t = 0; t < kTensors; ++t) {
-    ASSERT_TRUE((*again)->Register(StrCat("w", t), 1 << 20, Tier::kNvme).ok());
+    ASSERT_TRUE((*again)->Register(StrCat("w", t), DType::kFp32, 1 << 18, Tier::kNvme).ok());
     auto lease = (*again)->Acquire(StrCat("w", t), Access::kRead).Get();
     ASSERT_TRUE(lease.ok()) << lease.status();
     uint32_t counter;
@@ -190,7 +195,7 @@ TEST(TensorStoreNvme, LeasedTensorsAreNeverEvicted) {
   auto store = TensorStore::Open(NvmeOptions(dir.path(), 2 << 20));
   ASSERT_TRUE(store.ok());
   for (const char* k : {"a", "b", "c"})
-    ASSERT_TRUE((*store)->Register(k, 1 << 20, Tier::kNvme).ok());
+    ASSERT_TRUE((*store)->Register(k, DType::kFp32, 1 << 18, Tier::kNvme).ok());
   auto a = (*store)->Acquire("a", Access::kWrite).Get();
   auto b = (*store)->Acquire("b", Access::kWrite).Get();
   ASSERT_TRUE(a.ok() && b.ok());
@@ -207,7 +212,7 @@ TEST(TensorStoreNvme, PrefetchLoadsAheadAndNoNvmePathIsAClearError) {
   TempDir dir;
   auto store = TensorStore::Open(NvmeOptions(dir.path(), 8 << 20));
   ASSERT_TRUE(store.ok());
-  ASSERT_TRUE((*store)->Register("p", 1 << 20, Tier::kNvme).ok());
+  ASSERT_TRUE((*store)->Register("p", DType::kBf16, 1 << 19, Tier::kNvme).ok());
   {
     auto lease = (*store)->Acquire("p", Access::kWrite).Get();
     ASSERT_TRUE(lease.ok());
@@ -224,9 +229,153 @@ TEST(TensorStoreNvme, PrefetchLoadsAheadAndNoNvmePathIsAClearError) {
   no_nvme.pin_host = false;
   auto bare = TensorStore::Open(no_nvme);
   ASSERT_TRUE(bare.ok());
-  const Status s = (*bare)->Register("x", 10, Tier::kNvme);
+  const Status s = (*bare)->Register("x", DType::kFp32, 10, Tier::kNvme);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("nvme_paths"), std::string::npos) << s;
+}
+
+// ---- GPU residency: host and nvme tensors leased in device memory ---------------------------
+
+class TensorStoreGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#if ZO_HAVE_CUDA
+    if (auto n = UsableGpuCount(); !n.ok()) GTEST_SKIP() << n.status().message();
+#else
+    GTEST_SKIP() << "this build has no CUDA";
+#endif
+  }
+  TempDir dir_;
+};
+
+// Each home, with pinned host copies (direct DMA) and pageable ones (staged copies): a change
+// made on the host is seen on the GPU, a change made on the GPU comes back to the host and,
+// for nvme tensors, to disk.
+TEST_F(TensorStoreGpu, HostAndNvmeTensorsMoveToTheGpuAndBack) {
+  constexpr uint64_t kElements = 300001;
+  for (Tier home : {Tier::kHost, Tier::kNvme}) {
+    for (bool pinned : {true, false}) {
+      SCOPED_TRACE(StrCat(ToString(home), pinned ? " pinned" : " pageable"));
+      const std::string key = StrCat(ToString(home), pinned ? "-pinned" : "-pageable");
+      TensorStoreOptions o = NvmeOptions(dir_.path(), 0);
+      o.pin_host = pinned;
+      auto store = TensorStore::Open(o);
+      ASSERT_TRUE(store.ok()) << store.status();
+      ASSERT_TRUE((*store)->Register(key, DType::kFp32, kElements, home).ok());
+      const auto a = Pattern(4 * kElements, 1), b = Pattern(4 * kElements, 2);
+      {
+        auto lease = (*store)->Acquire(key, Access::kWrite).Get();
+        ASSERT_TRUE(lease.ok()) << lease.status();
+        Put(*lease, a);
+      }
+      {
+        auto on_gpu = (*store)->Acquire(key, Access::kRead, Tier::kGpu).Get();
+        ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+        EXPECT_EQ(on_gpu->where(), Tier::kGpu);
+        EXPECT_EQ(Get(*on_gpu), a);
+        auto on_host = (*store)->Acquire(key, Access::kRead).Get();  // readers may share
+        ASSERT_TRUE(on_host.ok()) << on_host.status();
+        EXPECT_EQ(Get(*on_host), a);
+        const Status writer = (*store)->Acquire(key, Access::kReadWrite).Get().status();
+        EXPECT_EQ(writer.code(), StatusCode::kFailedPrecondition) << writer;
+      }
+      {
+        auto on_gpu = (*store)->Acquire(key, Access::kReadWrite, Tier::kGpu).Get();
+        ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+        Put(*on_gpu, b);
+      }
+      {
+        auto on_host = (*store)->Acquire(key, Access::kRead).Get();
+        ASSERT_TRUE(on_host.ok()) << on_host.status();
+        EXPECT_EQ(Get(*on_host), b);
+      }
+      const TensorStore::Stats stats = (*store)->stats();
+      EXPECT_EQ(stats.bytes_to_gpu, 4 * kElements);  // the second GPU lease hit the copy
+      EXPECT_EQ(stats.bytes_from_gpu, 4 * kElements);
+      EXPECT_EQ(stats.gpu_hits, 1u);
+      ASSERT_TRUE((*store)->Flush().ok());
+      if (home != Tier::kNvme) continue;
+      store->reset();
+      auto again = TensorStore::Open(o);
+      ASSERT_TRUE(again.ok());
+      ASSERT_TRUE((*again)->Register(key, DType::kFp32, kElements, home).ok());
+      auto lease = (*again)->Acquire(key, Access::kRead, Tier::kGpu).Get();
+      ASSERT_TRUE(lease.ok()) << lease.status();
+      EXPECT_EQ(Get(*lease), b);
+    }
+  }
+  auto store = TensorStore::Open(NvmeOptions(dir_.path(), 0));
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Register("g", DType::kBf16, 10, Tier::kGpu).ok());
+  const Status s = (*store)->Acquire("g", Access::kRead, Tier::kHost).Get().status();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+}
+
+// Six 1 MiB nvme tensors updated on the GPU in a repeating order, with room for three GPU
+// copies and four host copies: GPU copies are evicted by next use, their changes go down to
+// the host copies and, when those are evicted, to disk.
+TEST_F(TensorStoreGpu, GpuCopiesAreEvictedByNextUseAndWrittenBack) {
+  TensorStoreOptions o = NvmeOptions(dir_.path(), 4 << 20);
+  o.gpu_budget_bytes = 3 << 20;
+  auto store = TensorStore::Open(o);
+  ASSERT_TRUE(store.ok());
+  constexpr int kTensors = 6;
+  for (int t = 0; t < kTensors; ++t) {
+    ASSERT_TRUE((*store)->Register(StrCat("w", t), DType::kFp32, 1 << 18, Tier::kNvme).ok());
+  }
+  for (int step = 0; step < 4; ++step) {
+    for (int t = 0; t < kTensors; ++t) {
+      auto lease = (*store)->Acquire(StrCat("w", t), Access::kReadWrite, Tier::kGpu).Get();
+      ASSERT_TRUE(lease.ok()) << lease.status();
+      std::vector<std::byte> data = Get(*lease);
+      uint32_t counter;
+      std::memcpy(&counter, data.data(), 4);
+      ASSERT_EQ(counter, static_cast<uint32_t>(step)) << "tensor " << t << " step " << step;
+      ++counter;
+      std::memcpy(data.data(), &counter, 4);
+      Put(*lease, data);
+    }
+  }
+  const TensorStore::Stats stats = (*store)->stats();
+  EXPECT_LE(stats.gpu_bytes, uint64_t{3} << 20);
+  EXPECT_LE(stats.host_bytes, uint64_t{4} << 20);
+  EXPECT_GT(stats.gpu_evictions, 0u);
+  EXPECT_GE(stats.gpu_hits, 3u * 2) << stats.gpu_misses << " misses";
+  ASSERT_TRUE((*store)->Flush().ok());
+  store->reset();
+  auto again = TensorStore::Open(o);
+  ASSERT_TRUE(again.ok());
+  for (int t = 0; t < kTensors; ++t) {
+    ASSERT_TRUE((*again)->Register(StrCat("w", t), DType::kFp32, 1 << 18, Tier::kNvme).ok());
+    auto lease = (*again)->Acquire(StrCat("w", t), Access::kRead).Get();
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    uint32_t counter;
+    std::memcpy(&counter, lease->data(), 4);
+    EXPECT_EQ(counter, 4u);
+  }
+}
+
+// Without a GPU a GPU lease is a clear error, and the tensor stays usable on the host.
+TEST(TensorStore, GpuLeaseWithoutGpuIsAClearError) {
+#if ZO_HAVE_CUDA
+  if (UsableGpuCount().ok()) GTEST_SKIP() << "a GPU is present";
+#endif
+  TempDir dir;
+  auto store = TensorStore::Open(NvmeOptions(dir.path(), 0));
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Register("h", DType::kFp32, 100, Tier::kHost).ok());
+  {
+    auto lease = (*store)->Acquire("h", Access::kWrite).Get();
+    ASSERT_TRUE(lease.ok());
+    std::memset(lease->data(), 5, lease->size());
+  }
+  const Status s = (*store)->Acquire("h", Access::kRead, Tier::kGpu).Get().status();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("GPU"), std::string::npos) << s;
+  auto lease = (*store)->Acquire("h", Access::kRead).Get();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->data()[399], std::byte{5});
+  EXPECT_EQ((*store)->stats().gpu_bytes, 0u);
 }
 
 }  // namespace
