@@ -143,11 +143,11 @@ class TensorStore {
   Status Flush();
 
   struct Stats {
-    uint64_t host_bytes = 0, gpu_bytes = 0;  ///< held now (host: tensors + cache)
-    uint64_t hits = 0, misses = 0, evictions = 0;  ///< NVMe cache in host memory
+    uint64_t host_bytes = 0, gpu_bytes = 0;                    ///< held now (host: tensors + cache)
+    uint64_t hits = 0, misses = 0, evictions = 0;              ///< NVMe cache in host memory
     uint64_t gpu_hits = 0, gpu_misses = 0, gpu_evictions = 0;  ///< GPU copies
-    uint64_t bytes_read = 0, bytes_written = 0;                 ///< NVMe traffic
-    uint64_t bytes_to_gpu = 0, bytes_from_gpu = 0;              ///< PCIe traffic
+    uint64_t bytes_read = 0, bytes_written = 0;                ///< NVMe traffic
+    uint64_t bytes_to_gpu = 0, bytes_from_gpu = 0;             ///< PCIe traffic
   };
   Stats stats() const;
   bool Contains(const std::string& key) const;

@@ -1,8 +1,9 @@
 // Tracer: a Chrome trace-event JSON timeline (opens in Perfetto or chrome://tracing).
 //
-// Each event is a complete span ("ph": "X") on a named track (a thread row): "nvme read",
-// "nvme write", "cpu adam", "h2d", ... Spans are kept in memory and written by Write (or on
-// destruction), so recording costs a mutex and a vector append.
+// Each event is a complete span ("ph": "X") on a named track (a thread row): "step" (the
+// caller), "adam thread 3", "nvme slot 2", "nvme ring 0", ... Spans on one track must not
+// overlap. Spans are kept in memory and written by Write (or on destruction), so recording
+// costs a mutex and a vector append.
 //
 // Thread-safety: Span and Record may be called from any thread.
 #pragma once

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/trace.h"
 #include "cpu_adam/adam_math.h"
 #include "zoffload/cpu_adam.h"
 
@@ -28,6 +29,11 @@ struct AdamKernelArgs {
   uint64_t index_offset;  // AdamShard::index_offset
   uint8_t ceiling_mask;   // bandwidth kernel: bits it XORs into the data (0: leaves it intact)
 };
+
+/// AdamUpdate that records each thread's share of the tiles as a span named `label` on
+/// track "adam thread <k>" of `tracer` (when not null).
+Status AdamUpdateTraced(const AdamShard& shard, const AdamHyper& hyper, float grad_scale,
+                        int threads, Tracer* tracer, const std::string& label);
 
 /// Updates elements [begin, end). For int8 state, begin is a multiple of kInt8StateBlock.
 void AdamRange(const AdamKernelArgs& args, size_t begin, size_t end);

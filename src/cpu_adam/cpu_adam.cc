@@ -104,16 +104,28 @@ class FlushDenormals {
 #endif
 };
 
+// Runs body(begin, end) over the tiles of [0, n); with `tracer`, each thread's share is a span
+// named `label` on its track.
 template <typename F>
-void ForTiles(size_t n, int threads, F&& body) {
+void ForTiles(size_t n, int threads, F&& body, Tracer* tracer = nullptr,
+              const std::string* label = nullptr) {
   const auto tiles = static_cast<int64_t>((n + kTile - 1) / kTile);
 #pragma omp parallel num_threads(threads)
   {
     const FlushDenormals flush;
-#pragma omp for schedule(static)
+    const auto start = Tracer::Clock::now();
+    size_t first = n, last = 0;
+#pragma omp for schedule(static) nowait
     for (int64_t t = 0; t < tiles; ++t) {
       const size_t begin = static_cast<size_t>(t) * kTile;
-      body(begin, std::min(n, begin + kTile));
+      const size_t end = std::min(n, begin + kTile);
+      body(begin, end);
+      first = std::min(first, begin);
+      last = end;
+    }
+    if (tracer != nullptr && first < last) {
+      tracer->Record(StrCat("adam thread ", omp_get_thread_num()), *label, start,
+                     Tracer::Clock::now(), StrCat("elements [", first, ", ", last, ")"));
     }
   }
 }
@@ -177,13 +189,19 @@ GradNorm GradientNorm(std::span<const AdamShard> shards, int threads) {
   return out;
 }
 
-Status AdamUpdate(const AdamShard& shard, const AdamHyper& hyper, float grad_scale, int threads) {
+Status internal::AdamUpdateTraced(const AdamShard& shard, const AdamHyper& hyper, float grad_scale,
+                                  int threads, Tracer* tracer, const std::string& label) {
   ZO_RETURN_IF_ERROR(CheckShard(shard, hyper));
   if (shard.n == 0) return Status::Ok();
   const internal::AdamKernelArgs args = MakeArgs(shard, hyper, grad_scale);
-  ForTiles(shard.n, Threads(threads),
-           [&](size_t begin, size_t end) { internal::AdamRange(args, begin, end); });
+  ForTiles(
+      shard.n, Threads(threads),
+      [&](size_t begin, size_t end) { internal::AdamRange(args, begin, end); }, tracer, &label);
   return Status::Ok();
+}
+
+Status AdamUpdate(const AdamShard& shard, const AdamHyper& hyper, float grad_scale, int threads) {
+  return internal::AdamUpdateTraced(shard, hyper, grad_scale, threads, nullptr, {});
 }
 
 void AdamBandwidthCeiling(const AdamShard& shard, int threads) {

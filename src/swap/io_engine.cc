@@ -301,6 +301,10 @@ void IoEngine::Impl::Run(Worker& w, int index) {
   const auto depth = static_cast<unsigned>(aio.queue_depth);
   std::vector<IoCompletion> completions;
   std::vector<Piece*> batch;
+  // The ring's busy span for the timeline: from the first piece in flight until none is.
+  const std::string track = StrCat("nvme ring ", index);
+  Tracer::Clock::time_point busy_since;
+  uint64_t busy_pieces = 0;
   for (;;) {
     batch.clear();
     {
@@ -320,6 +324,11 @@ void IoEngine::Impl::Run(Worker& w, int index) {
         }
       }
     }
+    if (options.tracer != nullptr && w.inflight == 0 && !batch.empty()) {
+      busy_since = Tracer::Clock::now();
+      busy_pieces = 0;
+    }
+    busy_pieces += batch.size();
     bool prepared = false;
     for (Piece* p : batch) {
       const unsigned before = w.inflight;
@@ -350,6 +359,10 @@ void IoEngine::Impl::Run(Worker& w, int index) {
     for (const IoCompletion& c : completions) {
       --w.inflight;
       Complete(w, reinterpret_cast<Piece*>(c.tag), c.res);
+    }
+    if (options.tracer != nullptr && w.inflight == 0) {
+      options.tracer->Record(track, "busy", busy_since, Tracer::Clock::now(),
+                             StrCat(busy_pieces, " pieces"));
     }
   }
 }

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "common/trace.h"
 #include "swap/io_backend.h"
 #include "zoffload/config.h"
 #include "zoffload/status.h"
@@ -53,6 +54,8 @@ struct IoEngineOptions {
   /// False opens every file buffered (through the page cache), for file systems whose
   /// O_DIRECT support is broken. Files are always buffered where O_DIRECT is refused.
   bool direct_io = true;
+  /// Optional timeline: each ring's busy spans (pieces in flight) on track "nvme ring <i>".
+  Tracer* tracer = nullptr;
   /// Test hook at the I/O seam: wraps each thread's backend (fault injection).
   std::function<std::unique_ptr<IoBackend>(std::unique_ptr<IoBackend>)> wrap_backend;
 };

@@ -347,6 +347,7 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
   engine_options.aio = impl->options.aio;
   engine_options.backend = impl->options.backend;
   engine_options.direct_io = impl->options.direct_io;
+  engine_options.tracer = impl->options.tracer;
   engine_options.wrap_backend = impl->options.wrap_backend;
   // I/O threads run near the disk when the machine has several NUMA nodes and hwloc knows
   // where the first directory's device is attached.

@@ -54,7 +54,8 @@ struct SwapSpaceOptions {
   /// threads then only move data. A pipeline that has idle cores between I/O uses this.
   bool caller_checksums = false;
   IoBackendKind backend = IoBackendKind::kAuto;
-  bool direct_io = true;  ///< see IoEngineOptions::direct_io
+  bool direct_io = true;     ///< see IoEngineOptions::direct_io
+  Tracer* tracer = nullptr;  ///< see IoEngineOptions::tracer
   /// Test hook at the I/O seam (see IoEngineOptions).
   std::function<std::unique_ptr<IoBackend>(std::unique_ptr<IoBackend>)> wrap_backend;
 

@@ -7,12 +7,15 @@
 #include <unordered_set>
 
 #include "common/strings.h"
+#include "cpu_adam/adam_kernels.h"
 #include "cpu_adam/adam_math.h"
 
 namespace zoffload {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr const char* kStepTrack = "step";  // the caller's thread on the timeline
 
 // Bytes of the element codes of a moment of `n` elements: the moment without the int8 scales
 // that follow them.
@@ -167,6 +170,7 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
   // Block checksums are computed and verified by the Adam threads between requests, so the
   // I/O threads only move data.
   state->options_.swap.caller_checksums = true;
+  state->options_.swap.tracer = state->options_.tracer;
   ZO_ASSIGN_OR_RETURN(state->swap_, SwapSpace::Open(state->options_.swap));
   state->block_ = state->swap_->block_size();
   uint64_t end = 0, biggest = 0;
@@ -331,11 +335,12 @@ Status OptimizerState::UpdateInHost(std::span<const TensorGrads> grads, const Ad
     shard.param_copy = grads[i].param_copy;
     shard.copy = grads[i].copy;
     const auto t0 = Clock::now();
-    ZO_RETURN_IF_ERROR(AdamUpdate(shard, hyper, grad_scale, options_.threads)
+    ZO_RETURN_IF_ERROR(internal::AdamUpdateTraced(shard, hyper, grad_scale, options_.threads,
+                                                  options_.tracer, tensors_[i].name)
                            .WithContext(StrCat("updating '", tensors_[i].name, "'")));
     stats->adam_seconds += Since(t0);
     if (options_.tracer != nullptr) {
-      options_.tracer->Record("cpu adam", tensors_[i].name, t0, Clock::now());
+      options_.tracer->Record(kStepTrack, StrCat("adam ", tensors_[i].name), t0, Clock::now());
     }
   }
   return Status::Ok();
@@ -374,11 +379,20 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     note(f.Wait(), k, what);
     stats->io_wait_seconds += Since(t0);
   };
-  auto traced = [&](const char* track, size_t k) -> std::function<void(const Status&)> {
-    if (tracer == nullptr) return {};
+  // The timeline: the caller's work on kStepTrack, each slot's reads and writes on its own
+  // track (a slot has one request in flight at a time), the Adam threads' shares and the
+  // rings' busy spans on theirs.
+  auto chunk_name = [&](size_t k) {
     const Item& it = items_[k];
-    return [tracer, track, start = Clock::now(),
-            name = StrCat(tensors_[it.tensor].name, "[", it.first, "+", it.n, "]")](const Status&) {
+    return StrCat(tensors_[it.tensor].name, "[", it.first, "+", it.n, "]");
+  };
+  auto step_span = [&](const std::string& name, Clock::time_point t0) {
+    if (tracer != nullptr) tracer->Record(kStepTrack, name, t0, Clock::now());
+  };
+  auto traced = [&](const char* what, size_t k) -> std::function<void(const Status&)> {
+    if (tracer == nullptr) return {};
+    return [tracer, track = StrCat("nvme slot ", k % buffers), start = Clock::now(),
+            name = StrCat(what, " ", chunk_name(k))](const Status&) {
       tracer->Record(track, name, start, Clock::now());
     };
   };
@@ -389,7 +403,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     if (!status.ok()) return;
     slot_item[k % buffers] = k;
     const auto [offset, len] = ItemRange(k);
-    slot.read = swap_->Read(key_, offset, {slot.images.data(), len}, traced("nvme read", k));
+    slot.read = swap_->Read(key_, offset, {slot.images.data(), len}, traced("read", k));
     stats->bytes_read += len;
   };
   // The first reads go out before the norm pass and the manifest update: they need neither.
@@ -399,7 +413,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
   if (decide) {
     const auto t0 = Clock::now();
     const std::optional<float> scale = decide();
-    if (tracer != nullptr) tracer->Record("cpu adam", "gradient norm", t0, Clock::now());
+    step_span("gradient norm", t0);
     // Nothing has been written yet: a skipped or failed step leaves the state as it was.
     auto drain_reads = [&] {
       for (auto& slot : slots_) {
@@ -418,15 +432,17 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
   }
   const auto begin_start = Clock::now();
   if (Status s = swap_->BeginWrite({key_}); !s.ok()) status = s;
-  if (tracer != nullptr) tracer->Record("manifest", "mark writing", begin_start, Clock::now());
+  step_span("manifest: mark writing", begin_start);
   for (size_t k = 0; k < items_.size() && status.ok(); ++k) {
     while (next < items_.size() && next <= k + lookahead && status.ok()) start_reads(next++);
     Slot& slot = *slots_[k % buffers];
     wait(slot.read, k, "reading");
     const auto [offset, len] = ItemRange(k);
     const std::span<const std::byte> data(slot.images.data(), len);
+    const auto verify_start = Clock::now();
     if (status.ok()) note(swap_->Verify(key_, offset, data, options_.threads), k, "reading");
     if (!status.ok()) break;
+    step_span(StrCat("verify ", chunk_name(k)), verify_start);
     const Item& it = items_[k];
     const auto offsets = PartOffsets(it.n);
     if (hyper != nullptr) {
@@ -445,17 +461,18 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
       }
       shard.index_offset = it.first;
       const auto t0 = Clock::now();
-      note(AdamUpdate(shard, *hyper, grad_scale, options_.threads), k, "updating");
+      const std::string name = tracer != nullptr ? chunk_name(k) : std::string();
+      note(internal::AdamUpdateTraced(shard, *hyper, grad_scale, options_.threads, tracer, name), k,
+           "updating");
       stats->adam_seconds += Since(t0);
-      if (tracer != nullptr) {
-        tracer->Record("cpu adam", StrCat(tensors_[it.tensor].name, "[", it.first, "+", it.n, "]"),
-                       t0, Clock::now());
-      }
+      step_span(StrCat("adam ", name), t0);
       if (!status.ok()) break;
     }
+    const auto checksum_start = Clock::now();
     note(swap_->Checksum(key_, offset, data, options_.threads), k, "writing");
     if (!status.ok()) break;
-    slot.write = swap_->Write(key_, offset, data, traced("nvme write", k));
+    step_span(StrCat("checksum ", chunk_name(k)), checksum_start);
+    slot.write = swap_->Write(key_, offset, data, traced("write", k));
     stats->bytes_written += len;
     if (!po.overlap_write) wait(slot.write, k, "writing");
   }
@@ -466,7 +483,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
   if (status.ok()) {
     const auto commit_start = Clock::now();
     status = swap_->Commit(/*defer_manifest=*/true);
-    if (tracer != nullptr) tracer->Record("manifest", "commit", commit_start, Clock::now());
+    step_span("manifest: commit", commit_start);
   }
   if (!status.ok()) {
     broken_ = status.WithContext(

@@ -152,8 +152,8 @@ class OptimizerState {
   Status Stream(std::span<const TensorGrads> grads, const AdamHyper* hyper,
                 const std::function<std::optional<float>()>& decide, StepStats* stats);
   // Updates the tensors whose state is in host memory.
-  Status UpdateInHost(std::span<const TensorGrads> grads, const AdamHyper& hyper,
-                      float grad_scale, StepStats* stats);
+  Status UpdateInHost(std::span<const TensorGrads> grads, const AdamHyper& hyper, float grad_scale,
+                      StepStats* stats);
 
   std::vector<OptimizerTensor> tensors_;
   OptimizerStateOptions options_;

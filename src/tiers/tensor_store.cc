@@ -83,7 +83,7 @@ struct StoreEntry {
   Status load_status;
 #if ZO_HAVE_CUDA
   bool upload_after_load = false;  // the GPU copy is filled once the load is in
-  CopyToken upload;  // host copy -> GPU copy
+  CopyToken upload;                // host copy -> GPU copy
   bool upload_valid = false;
 #endif
 
@@ -282,10 +282,10 @@ struct TensorStore::Impl {
       StoreEntry* victim =
           Victim([](StoreEntry& e) { return e.has_device() && e.gpu_leases == 0; });
       if (victim == nullptr) {
-        return ResourceExhaustedError(StrCat(
-            "tensor store: GPU budget ", HumanBytes(GpuBudget()), " cannot hold '", for_key,
-            "' (", HumanBytes(bytes), "): ", HumanBytes(gpu_used),
-            " in use by gpu tensors and leased GPU copies"));
+        return ResourceExhaustedError(StrCat("tensor store: GPU budget ", HumanBytes(GpuBudget()),
+                                             " cannot hold '", for_key, "' (", HumanBytes(bytes),
+                                             "): ", HumanBytes(gpu_used),
+                                             " in use by gpu tensors and leased GPU copies"));
       }
       ZO_RETURN_IF_ERROR(DropDevice(*victim));
       ++stats.gpu_evictions;
@@ -320,8 +320,7 @@ struct TensorStore::Impl {
   // host copy -> GPU copy (move_mu held).
   Status StartUpload(StoreEntry& e) {
     if (e.host.is_pinned()) {
-      ZO_ASSIGN_OR_RETURN(e.upload,
-                          copies->HostToDevice(e.device.data(), e.host.data(), e.bytes));
+      ZO_ASSIGN_OR_RETURN(e.upload, copies->HostToDevice(e.device.data(), e.host.data(), e.bytes));
     } else {
       ZO_ASSIGN_OR_RETURN(e.upload,
                           copies->HostToDeviceStaged(e.device.data(), e.host.data(), e.bytes));
@@ -486,8 +485,7 @@ Result<Lease> LeaseFuture::Get() {
   lease.access_ = state->access;
   lease.where_ = state->at;
 #if ZO_HAVE_CUDA
-  lease.data_ =
-      state->at == Tier::kGpu ? static_cast<std::byte*>(e.device.data()) : e.host.data();
+  lease.data_ = state->at == Tier::kGpu ? static_cast<std::byte*>(e.device.data()) : e.host.data();
 #else
   lease.data_ = e.host.data();
 #endif
@@ -510,8 +508,7 @@ Result<Lease> LeaseFuture::Get() {
 #endif
   }
   return (loaded.ok() ? uploaded : loaded)
-      .WithContext(StrCat("tensor store: ", loaded.ok() ? "uploading '" : "loading '", e.key,
-                          "'"));
+      .WithContext(StrCat("tensor store: ", loaded.ok() ? "uploading '" : "loading '", e.key, "'"));
 }
 
 // ---- TensorStore --------------------------------------------------------------------------
@@ -542,8 +539,7 @@ Result<std::unique_ptr<TensorStore>> TensorStore::Open(TensorStoreOptions option
   return std::unique_ptr<TensorStore>(new TensorStore(std::move(impl)));
 }
 
-Status TensorStore::Register(const std::string& key, DType dtype, uint64_t elements,
-                             Tier home) {
+Status TensorStore::Register(const std::string& key, DType dtype, uint64_t elements, Tier home) {
   if (key.empty() || elements == 0) {
     return InvalidArgumentError(
         StrCat("tensor store: tensor '", key, "' needs a key and at least 1 element"));
@@ -642,10 +638,11 @@ LeaseFuture TensorStore::Acquire(const std::string& key, Access access, std::opt
   StoreEntry& e = *it->second;
   state.at = at.value_or(e.home == Tier::kGpu ? Tier::kGpu : Tier::kHost);
   if (state.at == Tier::kNvme || (e.home == Tier::kGpu && state.at == Tier::kHost)) {
-    state.error = InvalidArgumentError(
-        StrCat("tensor store: '", key, "' (home ", ToString(e.home), ") cannot be leased at ",
-               ToString(state.at), ": leases are in GPU memory, or in host memory for host and "
-               "nvme tensors"));
+    state.error =
+        InvalidArgumentError(StrCat("tensor store: '", key, "' (home ", ToString(e.home),
+                                    ") cannot be leased at ", ToString(state.at),
+                                    ": leases are in GPU memory, or in host memory for host and "
+                                    "nvme tensors"));
     return future;
   }
   const bool on_gpu = state.at == Tier::kGpu;

@@ -113,8 +113,7 @@ TEST_P(TierConformance, BadRequestsAreClearErrors) {
   EXPECT_EQ((*store)->Acquire("missing", Access::kRead).Get().status().code(),
             StatusCode::kNotFound);
   EXPECT_EQ((*store)->Register("", DType::kFp32, 5, tier).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ((*store)->Register("zero", DType::kFp32, 0, tier).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*store)->Register("zero", DType::kFp32, 0, tier).code(), StatusCode::kInvalidArgument);
   ASSERT_TRUE((*store)->Register("a", DType::kFp32, 100, tier).ok());
   EXPECT_EQ((*store)->Register("a", DType::kFp32, 100, tier).code(), StatusCode::kAlreadyExists);
   EXPECT_EQ((*store)->Acquire("a", Access::kRead, Tier::kNvme).Get().status().code(),
