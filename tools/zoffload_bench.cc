@@ -56,9 +56,11 @@ zoffload-bench nvme [--path DIR ...] [--size 4GiB] [--block-size 1M,4M] [--queue
 Speeds are O_DIRECT (never the page cache); 1 GB/s = 1e9 bytes/s.
 
 zoffload-bench adam [--params 256M] [--threads N] [--grad-dtype fp32,bf16,fp16]
-                    [--state fp32,bf16,int8] [--param-copy none,bf16,fp16] [--steps 5] [--json FILE]
+                    [--state fp32,bf16,int8] [--param-copy none,bf16,fp16] [--steps 5]
+                    [--no-bind] [--json FILE]
   Times Adam steps (median) and a kernel moving the same bytes per parameter over the same
   buffers in the same process; prints Gparam/s, GB/s and their ratio (bandwidth_ratio).
+  Worker threads are bound to physical cores unless --no-bind.
 
 zoffload-bench step [--params 128M] [--tensors 16] [--state-on host|nvme] [--path DIR ...]
                     [--state fp32|bf16|int8] [--grad-dtype bf16] [--buffers 4] [--chunk 4M]
@@ -312,8 +314,8 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
   }
   std::string json_path;
   bool help = false;
-  const Status parsed =
-      ForEachOption(args, {}, &help, [&](const std::string& a, const std::string& v) -> Status {
+  const Status parsed = ForEachOption(
+      args, {"--no-bind"}, &help, [&](const std::string& a, const std::string& v) -> Status {
         if (a == "--params") {
           if (!ParseByteSize(v, &o.params) || o.params == 0) {
             return InvalidArgumentError(StrCat("--params: '", v, "' is not a count such as 256M"));
@@ -330,6 +332,8 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
           ZO_ASSIGN_OR_RETURN(o.states, ParseEnumList(a, v, kStateNames));
         } else if (a == "--param-copy") {
           ZO_ASSIGN_OR_RETURN(o.copies, ParseEnumList(a, v, kCopyNames));
+        } else if (a == "--no-bind") {
+          SetCpuAdamCoreBinding(false);
         } else if (a == "--json") {
           json_path = v;
         } else {
@@ -435,6 +439,7 @@ int StepMain(const std::vector<std::string>& args, bool short_defaults) {
           o.buffers = config.zero_optimization.offload_optimizer.buffer_count;
           o.state = config.zoffload.optimizer_state;
           if (config.zoffload.cpu_adam_threads > 0) o.threads = config.zoffload.cpu_adam_threads;
+          o.bind_cores = config.zoffload.cpu_adam_bind_cores;
           auto swap = SwapSpaceOptions::ForOptimizerState(config);
           if (swap.ok() && paths.empty()) paths = swap->paths;
         } else if (a == "--json") {

@@ -138,8 +138,9 @@ struct ZoffloadSection {
   std::vector<std::string> nvme_paths;
   TierBudgets budgets;
   StatePrecision optimizer_state = StatePrecision::kFp32;  ///< precision of Adam's m and v
-  int cpu_adam_threads = 0;  ///< OpenMP threads of the CPU optimizer; 0 = physical cores
-  std::string trace_path;    ///< when non-empty, a Chrome trace-event JSON is written here
+  int cpu_adam_threads = 0;         ///< OpenMP threads of the CPU optimizer; 0 = physical cores
+  bool cpu_adam_bind_cores = true;  ///< CPU optimizer thread k bound to physical core k
+  std::string trace_path;           ///< when non-empty, a Chrome trace-event JSON is written here
   bool operator==(const ZoffloadSection&) const = default;
 };
 

@@ -12,8 +12,7 @@
 // Results are identical for any thread count: work is split into fixed tiles and every
 // element's arithmetic (and its stochastic-rounding bits) depends only on its index.
 //
-// Thread-safety: CpuAdam::Step may be called from one thread at a time per CpuAdam; the
-// free functions are reentrant.
+// Thread-safety: the functions are reentrant; concurrent calls share the machine's cores.
 #pragma once
 
 #include <cstddef>
@@ -91,6 +90,11 @@ std::string CpuAdamTarget();
 
 /// Physical cores (hwloc), the default thread count.
 int DefaultAdamThreads();
+
+/// Process-wide: whether CPU Adam's worker k (of every parallel pass) runs bound to physical
+/// core k modulo the cores (hwloc), or where the OS puts it. The calling thread, worker 0, is
+/// never bound. Default on; config zoffload.cpu_adam_bind_cores.
+void SetCpuAdamCoreBinding(bool bind);
 
 struct AdamStepResult {
   bool skipped = false;  ///< overflow: nothing was written

@@ -146,6 +146,7 @@ void VisitStruct(V& v, ZoffloadSection& c) {
   v.Object("budgets", c.budgets);
   v.Field("optimizer_state", c.optimizer_state);
   v.Field("cpu_adam_threads", c.cpu_adam_threads);
+  v.Field("cpu_adam_bind_cores", c.cpu_adam_bind_cores);
   v.Field("trace_path", c.trace_path);
 }
 template <typename V>

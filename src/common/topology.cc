@@ -115,6 +115,23 @@ Status Topology::BindThisThreadToNumaNode(int node) const {
   return Status::Ok();
 }
 
+Status Topology::BindThisThreadToCore(int core) const {
+  hwloc_const_cpuset_t set = hwloc_topology_get_allowed_cpuset(impl_->topology);
+  if (core >= 0) {
+    const int cores = PhysicalCores();
+    if (cores <= 0) return FailedPreconditionError("hwloc found no cores");
+    hwloc_obj_t obj =
+        hwloc_get_obj_by_type(impl_->topology, HWLOC_OBJ_CORE, static_cast<unsigned>(core % cores));
+    if (obj == nullptr) return InvalidArgumentError(StrCat("no core ", core % cores));
+    set = obj->cpuset;
+  }
+  if (hwloc_set_cpubind(impl_->topology, set, HWLOC_CPUBIND_THREAD) != 0) {
+    return StatusFromErrno(
+        errno, core >= 0 ? StrCat("bind thread to core ", core) : std::string("unbind thread"));
+  }
+  return Status::Ok();
+}
+
 Status Topology::BindThisThreadMemoryToNumaNode(int node) const {
   if (node < 0) {
     hwloc_bitmap_t all = hwloc_bitmap_dup(hwloc_topology_get_topology_nodeset(impl_->topology));

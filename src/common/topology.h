@@ -40,6 +40,10 @@ class Topology {
   /// Binds the calling thread to the cores of NUMA node `node`.
   Status BindThisThreadToNumaNode(int node) const;
 
+  /// Binds the calling thread to the hardware threads of physical core `core` modulo the
+  /// number of cores; -1 lets it run anywhere the process may.
+  Status BindThisThreadToCore(int core) const;
+
   /// Makes the calling thread's new pages come from NUMA node `node` (-1: the default
   /// policy again). Pinned buffers for a GPU are allocated under this policy.
   Status BindThisThreadMemoryToNumaNode(int node) const;

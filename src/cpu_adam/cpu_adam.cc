@@ -6,10 +6,13 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "common/cpu_features.h"
+#include "common/log.h"
 #include "common/strings.h"
 #include "common/topology.h"
 #include "cpu_adam/adam_kernels.h"
@@ -46,6 +49,37 @@ namespace {
 constexpr size_t kTile = 16384;
 
 int Threads(int requested) { return requested > 0 ? requested : DefaultAdamThreads(); }
+
+// The machine, loaded once for the thread count and core binding (null if hwloc fails).
+const Topology* AdamTopology() {
+  static const std::unique_ptr<Topology> topology = []() -> std::unique_ptr<Topology> {
+    auto t = Topology::Load();
+    if (!t.ok()) {
+      LogOnce(LogLevel::kWarning, "adam-topology",
+              StrCat("CPU Adam: ", t.status().message(), "; threads are not bound to cores"));
+      return nullptr;
+    }
+    return std::make_unique<Topology>(std::move(*t));
+  }();
+  return topology.get();
+}
+
+std::atomic<bool> bind_cores{true};
+
+// Worker k of a parallel region runs on physical core k (modulo the cores) while binding is
+// on. The calling thread (k = 0) is the caller's and keeps its own placement.
+void PlaceThread(int k) {
+  thread_local int bound = -1;  // the core this worker is bound to, -1 if none
+  const int want = bind_cores.load(std::memory_order_relaxed) ? k : -1;
+  if (k == 0 || want == bound) return;
+  const Topology* topology = AdamTopology();
+  if (topology == nullptr) return;
+  if (Status s = topology->BindThisThreadToCore(want); !s.ok()) {
+    LogOnce(LogLevel::kWarning, "adam-bind", StrCat("CPU Adam: ", s.message()));
+    return;
+  }
+  bound = want;
+}
 
 internal::AdamKernelArgs MakeArgs(const AdamShard& s, const AdamHyper& h, float grad_scale) {
   internal::AdamKernelArgs a{};
@@ -112,6 +146,7 @@ void ForTiles(size_t n, int threads, F&& body, Tracer* tracer = nullptr,
   const auto tiles = static_cast<int64_t>((n + kTile - 1) / kTile);
 #pragma omp parallel num_threads(threads)
   {
+    PlaceThread(omp_get_thread_num());
     const FlushDenormals flush;
     const auto start = Tracer::Clock::now();
     size_t first = n, last = 0;
@@ -157,12 +192,11 @@ size_t AdamMomentBytes(StatePrecision precision, size_t n) {
 }
 
 int DefaultAdamThreads() {
-  static const int threads = [] {
-    auto topology = Topology::Load();
-    return topology.ok() ? std::max(1, topology->PhysicalCores()) : omp_get_num_procs();
-  }();
-  return threads;
+  const Topology* topology = AdamTopology();
+  return topology != nullptr ? std::max(1, topology->PhysicalCores()) : omp_get_num_procs();
 }
+
+void SetCpuAdamCoreBinding(bool bind) { bind_cores.store(bind, std::memory_order_relaxed); }
 
 std::string CpuAdamTarget() { return BestSimdTarget(); }
 

@@ -1,6 +1,8 @@
 #include "zoffload/cpu_adam.h"
 
 #include <hwy/targets.h>
+#include <omp.h>
+#include <sched.h>
 
 #include <cmath>
 #include <cstring>
@@ -282,6 +284,44 @@ TEST(CpuAdamTest, IdenticalForAnyThreadCount) {
     EXPECT_EQ(a.v, b.v) << ToString(state);
     EXPECT_EQ(a.copy_out, b.copy_out);
   }
+}
+
+// The CPUs the worker thread `k` of a `threads`-wide OpenMP team may run on (libgomp keeps the
+// same pool thread at each team position).
+std::vector<int> WorkerCpus(int threads, int k) {
+  std::vector<int> cpus;
+#pragma omp parallel num_threads(threads)
+  {
+    if (omp_get_thread_num() == k) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+        for (int c = 0; c < CPU_SETSIZE; ++c) {
+          if (CPU_ISSET(c, &set)) cpus.push_back(c);
+        }
+      }
+    }
+  }
+  return cpus;
+}
+
+TEST(CpuAdamTest, WorkersAreBoundToCoresUnlessTurnedOff) {
+  if (DefaultAdamThreads() < 2) GTEST_SKIP() << "one core";
+  TestShard a(4 * 16384, StatePrecision::kFp32, DType::kFp32, ParamCopy::kNone, 0, 3);
+  std::mt19937_64 rng(1);
+  a.NewGrads(rng);
+  SetCpuAdamCoreBinding(false);  // earlier tests ran with binding on
+  ASSERT_TRUE(AdamUpdate(a.View(), Hyper(true), 1.0f, 2).ok());
+  const std::vector<int> all = WorkerCpus(2, 1);
+  SetCpuAdamCoreBinding(true);
+  ASSERT_TRUE(AdamUpdate(a.View(), Hyper(true), 1.0f, 2).ok());
+  const std::vector<int> bound = WorkerCpus(2, 1);
+  EXPECT_FALSE(bound.empty());
+  EXPECT_LT(bound.size(), all.size()) << "worker 1 should run on core 1's hardware threads only";
+  SetCpuAdamCoreBinding(false);
+  ASSERT_TRUE(AdamUpdate(a.View(), Hyper(true), 1.0f, 2).ok());
+  EXPECT_EQ(WorkerCpus(2, 1), all);
+  SetCpuAdamCoreBinding(true);
 }
 
 // A tensor updated in two pieces (index_offset set) gets the bits of a one-piece update,
