@@ -57,9 +57,10 @@ Speeds are O_DIRECT (never the page cache); 1 GB/s = 1e9 bytes/s.
 
 zoffload-bench adam [--params 256M] [--threads N] [--grad-dtype fp32,bf16,fp16]
                     [--state fp32,bf16,int8] [--param-copy none,bf16,fp16] [--steps 5]
-                    [--no-bind] [--json FILE]
-  Times Adam steps (median) and a kernel moving the same bytes per parameter over the same
-  buffers in the same process; prints Gparam/s, GB/s and their ratio (bandwidth_ratio).
+                    [--rule adam,adagrad,lion] [--no-bind] [--json FILE]
+  Times optimizer steps (median) and a kernel moving the same bytes per parameter over the
+  same buffers in the same process; prints Gparam/s, GB/s and their ratio (bandwidth_ratio).
+  --rule: Adam/AdamW (default), Adagrad (v only), Lion (m only); int8 state is Adam's only.
   Worker threads are bound to physical cores unless --no-bind.
 
 zoffload-bench step [--params 128M] [--tensors 16] [--state-on host|nvme] [--path DIR ...]
@@ -270,6 +271,7 @@ Status WriteAdamJson(const std::string& path, const std::vector<AdamRecord>& rec
                     {"grad_dtype", ToString(r.grad_dtype)},
                     {"state", ToString(r.state)},
                     {"param_copy", ToString(r.copy)},
+                    {"rule", ToString(r.rule)},
                     {"bytes_per_param", r.bytes_per_param},
                     {"seconds_per_step", r.seconds_per_step},
                     {"Gparams_per_s", r.gparams_per_s},
@@ -302,6 +304,8 @@ const std::vector<std::pair<std::string, StatePrecision>> kStateNames = {
     {"fp32", StatePrecision::kFp32},
     {"bf16", StatePrecision::kBf16},
     {"int8", StatePrecision::kInt8}};
+const std::vector<std::pair<std::string, UpdateRule>> kRuleNames = {
+    {"adam", UpdateRule::kAdam}, {"adagrad", UpdateRule::kAdagrad}, {"lion", UpdateRule::kLion}};
 const std::vector<std::pair<std::string, ParamCopy>> kCopyNames = {
     {"none", ParamCopy::kNone}, {"bf16", ParamCopy::kBf16}, {"fp16", ParamCopy::kFp16}};
 
@@ -330,6 +334,8 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
           ZO_ASSIGN_OR_RETURN(o.grad_dtypes, ParseEnumList(a, v, kDTypeNames));
         } else if (a == "--state") {
           ZO_ASSIGN_OR_RETURN(o.states, ParseEnumList(a, v, kStateNames));
+        } else if (a == "--rule") {
+          ZO_ASSIGN_OR_RETURN(o.rules, ParseEnumList(a, v, kRuleNames));
         } else if (a == "--param-copy") {
           ZO_ASSIGN_OR_RETURN(o.copies, ParseEnumList(a, v, kCopyNames));
         } else if (a == "--no-bind") {
@@ -345,13 +351,14 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
   if (!parsed.ok()) return Fail(parsed);
   auto records = RunAdamBench(o);
   if (!records.ok()) return Fail(records.status());
-  std::printf("\n%-6s %-6s %-6s %7s %10s %9s %9s %11s %8s\n", "grads", "state", "copy", "B/param",
-              "s/step", "Gparam/s", "GB/s", "ceiling s", "ratio");
+  std::printf("\n%-8s %-6s %-6s %-6s %7s %10s %9s %9s %11s %8s\n", "rule", "grads", "state", "copy",
+              "B/param", "s/step", "Gparam/s", "GB/s", "ceiling s", "ratio");
   for (const AdamRecord& r : *records) {
-    std::printf("%-6s %-6s %-6s %7.2f %10.4f %9.3f %9.1f %11.4f %8.3f\n",
-                std::string(ToString(r.grad_dtype)).c_str(), std::string(ToString(r.state)).c_str(),
-                std::string(ToString(r.copy)).c_str(), r.bytes_per_param, r.seconds_per_step,
-                r.gparams_per_s, r.gbps, r.ceiling_seconds, r.bandwidth_ratio);
+    std::printf("%-8s %-6s %-6s %-6s %7.2f %10.4f %9.3f %9.1f %11.4f %8.3f\n",
+                std::string(ToString(r.rule)).c_str(), std::string(ToString(r.grad_dtype)).c_str(),
+                std::string(ToString(r.state)).c_str(), std::string(ToString(r.copy)).c_str(),
+                r.bytes_per_param, r.seconds_per_step, r.gparams_per_s, r.gbps, r.ceiling_seconds,
+                r.bandwidth_ratio);
   }
   if (!records->empty()) {
     std::printf(

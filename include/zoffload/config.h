@@ -22,7 +22,8 @@ namespace zoffload {
 /// Where a class of tensors is offloaded to.
 enum class OffloadDevice { kNone, kCpu, kNvme };
 /// The optimizer algorithm.
-enum class OptimizerType { kAdam, kAdamW };
+/// optimizer.type: Adam/AdamW, and Adagrad and Lion on the same CPU skeleton.
+enum class OptimizerType { kAdam, kAdamW, kAdagrad, kLion };
 /// How the Adam moments (m, v) are stored.
 enum class StatePrecision { kFp32, kBf16, kInt8 };
 
@@ -46,9 +47,19 @@ struct OptimizerParams {
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::kAdamW;
   OptimizerParams params;
-  /// True when weight decay is applied decoupled from the gradient (AdamW semantics).
+  /// True when weight decay is applied decoupled from the gradient (AdamW semantics): AdamW
+  /// and Lion always, Adam as adam_w_mode says, Adagrad never (L2, as torch's Adagrad).
   bool decoupled_weight_decay() const {
-    return type == OptimizerType::kAdamW || params.adam_w_mode;
+    switch (type) {
+      case OptimizerType::kAdam:
+        return params.adam_w_mode;
+      case OptimizerType::kAdagrad:
+        return false;
+      case OptimizerType::kAdamW:
+      case OptimizerType::kLion:
+        break;
+    }
+    return true;
   }
   bool operator==(const OptimizerConfig&) const = default;
 };

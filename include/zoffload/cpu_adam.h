@@ -1,4 +1,5 @@
-// CPU Adam/AdamW on host-resident shards: SIMD (Highway, runtime dispatch) + OpenMP.
+// CPU Adam/AdamW on host-resident shards: SIMD (Highway, runtime dispatch) + OpenMP. The same
+// skeleton runs Adagrad and Lion (AdamHyper::rule).
 //
 // A shard is fp32 master parameters with their Adam moments in fp32, bf16 (stochastic
 // rounding) or 8-bit block-wise quantized form (docs/cpu_adam.md describes the code), and
@@ -58,8 +59,23 @@ struct AdamShard {
   uint64_t index_offset = 0;
 };
 
+/// The update rule of a step. Per element, with g the scaled gradient (plus weight_decay * p
+/// when the decay is coupled) and p first multiplied by 1 - lr * weight_decay when decoupled:
+enum class UpdateRule : uint8_t {
+  /// m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
+  /// p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+  kAdam,
+  /// v += g^2; p -= lr * g / (sqrt(v) + eps). m is not used (may be null); betas ignored.
+  kAdagrad,
+  /// p -= lr * sign(b1 m + (1 - b1) g); m = b2 m + (1 - b2) g. v is not used (may be null);
+  /// eps ignored.
+  kLion,
+};
+std::string_view ToString(UpdateRule rule);
+
 /// Hyperparameters of one step (the caller owns the schedule).
 struct AdamHyper {
+  UpdateRule rule = UpdateRule::kAdam;  ///< int8 state: Adam only
   float lr = 1e-3f;
   float beta1 = 0.9f, beta2 = 0.999f;
   float eps = 1e-8f;
@@ -67,6 +83,9 @@ struct AdamHyper {
   bool decoupled_weight_decay = true;  ///< AdamW (true) or L2-coupled Adam (false)
   int64_t step = 1;                    ///< 1 for the first update (bias correction)
 };
+
+/// The rule and hyperparameters of a config's optimizer section (step 1; lr as configured).
+AdamHyper HyperFromConfig(const OptimizerConfig& optimizer);
 
 struct GradNorm {
   double l2 = 0;       ///< sqrt of the sum of squares (of the raw gradients)
@@ -83,7 +102,8 @@ Status AdamUpdate(const AdamShard& shard, const AdamHyper& hyper, float grad_sca
 
 /// A pass moving the same bytes as AdamUpdate on the same shard, with trivial arithmetic: the
 /// memory-bandwidth ceiling the benchmark compares the update with. It writes the shard.
-void AdamBandwidthCeiling(const AdamShard& shard, int threads = 0);
+void AdamBandwidthCeiling(const AdamShard& shard, int threads = 0,
+                          UpdateRule rule = UpdateRule::kAdam);
 
 /// The SIMD target the kernels dispatch to on this CPU ("AVX3_DL", "AVX2", ...).
 std::string CpuAdamTarget();

@@ -40,7 +40,10 @@ struct EnumTable<OffloadDevice> {
 template <>
 struct EnumTable<OptimizerType> {
   static constexpr std::pair<OptimizerType, std::string_view> kEntries[] = {
-      {OptimizerType::kAdam, "Adam"}, {OptimizerType::kAdamW, "AdamW"}};
+      {OptimizerType::kAdam, "Adam"},
+      {OptimizerType::kAdamW, "AdamW"},
+      {OptimizerType::kAdagrad, "Adagrad"},
+      {OptimizerType::kLion, "Lion"}};
 };
 template <>
 struct EnumTable<StatePrecision> {
@@ -564,6 +567,11 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
   check.Require(!(c.optimizer.type == OptimizerType::kAdamW && !p.adam_w_mode),
                 "optimizer.params.adam_w_mode",
                 "false contradicts type AdamW (decoupled weight decay); use type Adam");
+  check.Require(c.zoffload.optimizer_state != StatePrecision::kInt8 ||
+                    c.optimizer.type == OptimizerType::kAdam ||
+                    c.optimizer.type == OptimizerType::kAdamW,
+                "zoffload.optimizer_state",
+                StrCat("int8 state is for Adam and AdamW only, not ", ToString(c.optimizer.type)));
 
   check.Require(!(c.fp16.enabled && c.bf16.enabled), "fp16.enabled",
                 "fp16 and bf16 cannot both be enabled");

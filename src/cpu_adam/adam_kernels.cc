@@ -175,8 +175,49 @@ HWY_INLINE VF Update(const Coefs& c, VF g, VF& m, VF& v, VF& p) {
   return s;
 }
 
-// fp32 / bf16 state over [begin, end), end - begin a multiple of the vector length.
-template <DType kG, StatePrecision kS, ParamCopy kC>
+// Adagrad: v += g^2; p -= lr * g / (sqrt(v) + eps).
+HWY_INLINE void AdagradUpdate(const Coefs& c, VF g, VF& v, VF& p) {
+  g = hn::Mul(g, c.gs);
+  g = hn::MulAdd(c.l2, p, g);
+  v = hn::MulAdd(g, g, v);
+  const VF denom = hn::Add(hn::Sqrt(v), c.eps);
+  p = hn::NegMulAdd(c.step, hn::Div(g, denom), hn::Mul(p, c.decay));
+}
+
+// Lion: p -= lr * sign(b1 m + (1 - b1) g); m = b2 m + (1 - b2) g.
+HWY_INLINE void LionUpdate(const Coefs& c, VF g, VF& m, VF& p) {
+  const DF df;
+  g = hn::Mul(g, c.gs);
+  g = hn::MulAdd(c.l2, p, g);
+  const VF direction = hn::MulAdd(m, c.b1, hn::Mul(g, c.omb1));
+  const VF sign = hn::IfThenZeroElse(hn::Eq(direction, hn::Zero(df)),
+                                     hn::CopySign(hn::Set(df, 1.0f), direction));
+  p = hn::NegMulAdd(c.step, sign, hn::Mul(p, c.decay));
+  m = hn::MulAdd(m, c.b2, hn::Mul(g, c.omb2));
+}
+
+template <StatePrecision kS>
+HWY_INLINE VF LoadMoment(DF df, const void* base, size_t i) {
+  if constexpr (kS == StatePrecision::kFp32) {
+    return hn::LoadU(df, static_cast<const float*>(base) + i);
+  } else {
+    return LoadBf16(df, static_cast<const uint16_t*>(base) + i);
+  }
+}
+
+// bf16 moments round stochastically with `random`'s low 16 bits.
+template <StatePrecision kS>
+HWY_INLINE void StoreMoment(DF df, VF x, void* base, size_t i, const VU32& random) {
+  if constexpr (kS == StatePrecision::kFp32) {
+    hn::StoreU(x, df, static_cast<float*>(base) + i);
+  } else {
+    StoreBf16(df, x, static_cast<uint16_t*>(base) + i, &random);
+  }
+}
+
+// fp32 / bf16 state over [begin, end), end - begin a multiple of the vector length. Only the
+// moments the rule uses are read and written.
+template <DType kG, StatePrecision kS, ParamCopy kC, UpdateRule kR>
 HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, void* m, void* v,
                             void* copy, size_t begin, size_t end, size_t index_base) {
   const DF df;
@@ -184,28 +225,27 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
   const size_t N = hn::Lanes(df);
   const Coefs c(df, a);
   const VU32 lanes = hn::Iota(du, 0);
+  constexpr bool kUsesM = kR != UpdateRule::kAdagrad, kUsesV = kR != UpdateRule::kLion;
   for (size_t i = begin; i < end; i += N) {
     VF pv = hn::LoadU(df, p + i);
-    VF mv, vv;
-    if constexpr (kS == StatePrecision::kFp32) {
-      mv = hn::LoadU(df, static_cast<float*>(m) + i);
-      vv = hn::LoadU(df, static_cast<float*>(v) + i);
+    VF mv = kUsesM ? LoadMoment<kS>(df, m, i) : hn::Zero(df);
+    VF vv = kUsesV ? LoadMoment<kS>(df, v, i) : hn::Zero(df);
+    const VF gv = LoadGrad<kG>(df, g, i);
+    if constexpr (kR == UpdateRule::kAdam) {
+      Update(c, gv, mv, vv, pv);
+    } else if constexpr (kR == UpdateRule::kAdagrad) {
+      AdagradUpdate(c, gv, vv, pv);
     } else {
-      mv = LoadBf16(df, static_cast<uint16_t*>(m) + i);
-      vv = LoadBf16(df, static_cast<uint16_t*>(v) + i);
+      LionUpdate(c, gv, mv, pv);
     }
-    Update(c, LoadGrad<kG>(df, g, i), mv, vv, pv);
     hn::StoreU(pv, df, p + i);
-    if constexpr (kS == StatePrecision::kFp32) {
-      hn::StoreU(mv, df, static_cast<float*>(m) + i);
-      hn::StoreU(vv, df, static_cast<float*>(v) + i);
-    } else {
-      // One hash per lane: its low 16 bits round m, its high 16 bits round v.
-      const VU32 rm = RandomBits(du, lanes, a.seed, a.index_offset + index_base + i);
-      const VU32 rv = hn::ShiftRight<16>(rm);
-      StoreBf16(df, mv, static_cast<uint16_t*>(m) + i, &rm);
-      StoreBf16(df, vv, static_cast<uint16_t*>(v) + i, &rv);
+    // bf16: one hash per lane; its low 16 bits round m, its high 16 bits round v.
+    VU32 rm = hn::Zero(du);
+    if constexpr (kS == StatePrecision::kBf16) {
+      rm = RandomBits(du, lanes, a.seed, a.index_offset + index_base + i);
     }
+    if constexpr (kUsesM) StoreMoment<kS>(df, mv, m, i, rm);
+    if constexpr (kUsesV) StoreMoment<kS>(df, vv, v, i, hn::ShiftRight<16>(rm));
     StoreCopy<kC>(df, pv, copy, i);
   }
 }
@@ -279,7 +319,7 @@ T* At(void* base, size_t bytes_per_elem, size_t i) {
   return reinterpret_cast<T*>(static_cast<char*>(base) + bytes_per_elem * i);
 }
 
-template <DType kG, StatePrecision kS, ParamCopy kC>
+template <DType kG, StatePrecision kS, ParamCopy kC, UpdateRule kR>
 void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
   const DF df;
   const size_t N = hn::Lanes(df);
@@ -316,7 +356,7 @@ void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
     }
   } else {
     const size_t body_end = begin + (end - begin) / N * N;
-    AdamVectors<kG, kS, kC>(a, a.p, a.g, a.m, a.v, a.copy, begin, body_end, 0);
+    AdamVectors<kG, kS, kC, kR>(a, a.p, a.g, a.m, a.v, a.copy, begin, body_end, 0);
     const size_t len = end - body_end;
     if (len == 0) return;
     HWY_ALIGN float p[hn::MaxLanes(DF())] = {};
@@ -326,25 +366,43 @@ void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
     HWY_ALIGN uint16_t cp[hn::MaxLanes(DF())] = {};
     std::memcpy(p, a.p + body_end, len * 4);
     std::memcpy(gp, At<char>(g, gb, body_end), len * gb);
-    std::memcpy(mp, At<char>(a.m, sb, body_end), len * sb);
-    std::memcpy(vp, At<char>(a.v, sb, body_end), len * sb);
-    AdamVectors<kG, kS, kC>(a, p, gp, mp, vp, cp, 0, N, body_end);
+    constexpr bool kUsesM = kR != UpdateRule::kAdagrad, kUsesV = kR != UpdateRule::kLion;
+    if constexpr (kUsesM) std::memcpy(mp, At<char>(a.m, sb, body_end), len * sb);
+    if constexpr (kUsesV) std::memcpy(vp, At<char>(a.v, sb, body_end), len * sb);
+    AdamVectors<kG, kS, kC, kR>(a, p, gp, mp, vp, cp, 0, N, body_end);
     std::memcpy(a.p + body_end, p, len * 4);
-    std::memcpy(At<char>(a.m, sb, body_end), mp, len * sb);
-    std::memcpy(At<char>(a.v, sb, body_end), vp, len * sb);
+    if constexpr (kUsesM) std::memcpy(At<char>(a.m, sb, body_end), mp, len * sb);
+    if constexpr (kUsesV) std::memcpy(At<char>(a.v, sb, body_end), vp, len * sb);
     if constexpr (kC != ParamCopy::kNone) std::memcpy(At<char>(a.copy, cb, body_end), cp, len * cb);
   }
 }
 
-template <DType kG, StatePrecision kS>
+template <DType kG, StatePrecision kS, UpdateRule kR>
 void DispatchCopy(const AdamKernelArgs& a, size_t begin, size_t end) {
   switch (a.copy_type) {
     case ParamCopy::kNone:
-      return AdamRangeT<kG, kS, ParamCopy::kNone>(a, begin, end);
+      return AdamRangeT<kG, kS, ParamCopy::kNone, kR>(a, begin, end);
     case ParamCopy::kBf16:
-      return AdamRangeT<kG, kS, ParamCopy::kBf16>(a, begin, end);
+      return AdamRangeT<kG, kS, ParamCopy::kBf16, kR>(a, begin, end);
     case ParamCopy::kFp16:
-      return AdamRangeT<kG, kS, ParamCopy::kFp16>(a, begin, end);
+      return AdamRangeT<kG, kS, ParamCopy::kFp16, kR>(a, begin, end);
+  }
+}
+
+// int8 state is Adam's only (checked before dispatch).
+template <DType kG, StatePrecision kS>
+void DispatchRule(const AdamKernelArgs& a, size_t begin, size_t end) {
+  if constexpr (kS == StatePrecision::kInt8) {
+    return DispatchCopy<kG, kS, UpdateRule::kAdam>(a, begin, end);
+  } else {
+    switch (a.rule) {
+      case UpdateRule::kAdam:
+        return DispatchCopy<kG, kS, UpdateRule::kAdam>(a, begin, end);
+      case UpdateRule::kAdagrad:
+        return DispatchCopy<kG, kS, UpdateRule::kAdagrad>(a, begin, end);
+      case UpdateRule::kLion:
+        return DispatchCopy<kG, kS, UpdateRule::kLion>(a, begin, end);
+    }
   }
 }
 
@@ -352,11 +410,11 @@ template <DType kG>
 void DispatchState(const AdamKernelArgs& a, size_t begin, size_t end) {
   switch (a.state) {
     case StatePrecision::kFp32:
-      return DispatchCopy<kG, StatePrecision::kFp32>(a, begin, end);
+      return DispatchRule<kG, StatePrecision::kFp32>(a, begin, end);
     case StatePrecision::kBf16:
-      return DispatchCopy<kG, StatePrecision::kBf16>(a, begin, end);
+      return DispatchRule<kG, StatePrecision::kBf16>(a, begin, end);
     case StatePrecision::kInt8:
-      return DispatchCopy<kG, StatePrecision::kInt8>(a, begin, end);
+      return DispatchRule<kG, StatePrecision::kInt8>(a, begin, end);
   }
 }
 
@@ -373,10 +431,10 @@ void AdamRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
 
 // ---- the bandwidth ceiling --------------------------------------------------------------
 
-// Reads and writes exactly the bytes AdamRange does (grads read; params and state read and
-// written; copy written), with one XOR per vector instead of Adam's arithmetic. The value
-// XOR'ed in is masked by a.ceiling_mask, 0 at run time: the data stays intact (an update run
-// after it sees real numbers, not bit noise that could be denormal), yet the compiler cannot
+// Reads and writes exactly the bytes AdamRange does (grads read; params and the moments the
+// rule uses read and written; copy written), with one XOR per vector instead of Adam's arithmetic.
+// The value XOR'ed in is masked by a.ceiling_mask, 0 at run time: the data stays intact (an update
+// run after it sees real numbers, not bit noise that could be denormal), yet the compiler cannot
 // drop the loads and stores.
 void BandwidthRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
   const hn::ScalableTag<uint8_t> d8;
@@ -387,8 +445,9 @@ void BandwidthRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
   const size_t n = end - begin;
   const auto* g = static_cast<const uint8_t*>(a.g) + begin * gb;
   auto* p = reinterpret_cast<uint8_t*>(a.p + begin);
-  auto* m = static_cast<uint8_t*>(a.m) + begin * sb;
-  auto* v = static_cast<uint8_t*>(a.v) + begin * sb;
+  const bool uses_m = a.rule != UpdateRule::kAdagrad, uses_v = a.rule != UpdateRule::kLion;
+  auto* m = uses_m ? static_cast<uint8_t*>(a.m) + begin * sb : nullptr;
+  auto* v = uses_v ? static_cast<uint8_t*>(a.v) + begin * sb : nullptr;
   auto* c = cb != 0 ? static_cast<uint8_t*>(a.copy) + begin * cb : nullptr;
   // Walk all streams together, as the update does, in units of L elements: gb vectors of
   // grads, 4 of params, sb each of m and v, cb of the copy.
@@ -402,10 +461,14 @@ void BandwidthRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
       hn::StoreU(hn::Xor(hn::LoadU(d8, q), acc), d8, q);
     }
     for (size_t k = 0; k < sb; ++k) {
-      uint8_t* qm = m + (u * sb + k) * L;
-      uint8_t* qv = v + (u * sb + k) * L;
-      hn::StoreU(hn::Xor(hn::LoadU(d8, qm), acc), d8, qm);
-      hn::StoreU(hn::Xor(hn::LoadU(d8, qv), acc), d8, qv);
+      if (uses_m) {
+        uint8_t* qm = m + (u * sb + k) * L;
+        hn::StoreU(hn::Xor(hn::LoadU(d8, qm), acc), d8, qm);
+      }
+      if (uses_v) {
+        uint8_t* qv = v + (u * sb + k) * L;
+        hn::StoreU(hn::Xor(hn::LoadU(d8, qv), acc), d8, qv);
+      }
     }
     for (size_t k = 0; k < cb; ++k) hn::StoreU(acc, d8, c + (u * cb + k) * L);
   }

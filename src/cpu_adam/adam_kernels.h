@@ -23,6 +23,7 @@ struct AdamKernelArgs {
   DType grad_type;
   StatePrecision state;
   ParamCopy copy_type;
+  UpdateRule rule;
   AdamCoefficients c;
   float grad_scale;
   uint32_t seed;          // stochastic rounding: derived from the step

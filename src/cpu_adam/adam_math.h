@@ -17,8 +17,8 @@ namespace zoffload::internal {
 /// Per-step coefficients of the update, computed once in float64 and rounded to float.
 struct AdamCoefficients {
   float beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float step_size;     // lr / (1 - beta1^t)
-  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
+  float step_size;     // lr / (1 - beta1^t) for Adam; lr for Adagrad and Lion
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t) for Adam; 1 for Adagrad
   float eps;
   float l2;     // coupled weight decay (Adam); 0 for AdamW
   float decay;  // 1 - lr * weight_decay for AdamW; 1 for Adam

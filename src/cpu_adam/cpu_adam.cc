@@ -24,13 +24,14 @@ AdamCoefficients MakeAdamCoefficients(const AdamHyper& h) {
   const double t = static_cast<double>(h.step);
   const double bc1 = 1.0 - std::pow(static_cast<double>(h.beta1), t);
   const double bc2 = 1.0 - std::pow(static_cast<double>(h.beta2), t);
+  const bool adam = h.rule == UpdateRule::kAdam;
   AdamCoefficients c{};
   c.beta1 = h.beta1;
   c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
   c.beta2 = h.beta2;
   c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-  c.step_size = static_cast<float>(h.lr / bc1);
-  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.step_size = adam ? static_cast<float>(h.lr / bc1) : h.lr;
+  c.inv_sqrt_bc2 = adam ? static_cast<float>(1.0 / std::sqrt(bc2)) : 1.0f;
   c.eps = h.eps;
   c.l2 = h.decoupled_weight_decay ? 0.0f : h.weight_decay;
   c.decay = h.decoupled_weight_decay
@@ -95,6 +96,7 @@ internal::AdamKernelArgs MakeArgs(const AdamShard& s, const AdamHyper& h, float 
   a.grad_type = s.grad_dtype;
   a.state = s.state;
   a.copy_type = s.copy;
+  a.rule = h.rule;
   a.c = internal::MakeAdamCoefficients(h);
   a.grad_scale = grad_scale;
   a.seed = static_cast<uint32_t>(h.step) * 0x9E3779B9u + 0x7F4A7C15u;
@@ -104,8 +106,16 @@ internal::AdamKernelArgs MakeArgs(const AdamShard& s, const AdamHyper& h, float 
 
 Status CheckShard(const AdamShard& s, const AdamHyper& h) {
   if (s.n == 0) return Status::Ok();
-  if (s.params == nullptr || s.m == nullptr || s.v == nullptr || s.grads == nullptr) {
-    return InvalidArgumentError("AdamUpdate: params, m, v and grads must be set");
+  const bool uses_m = h.rule != UpdateRule::kAdagrad, uses_v = h.rule != UpdateRule::kLion;
+  if (s.params == nullptr || s.grads == nullptr || (uses_m && s.m == nullptr) ||
+      (uses_v && s.v == nullptr)) {
+    return InvalidArgumentError(StrCat("AdamUpdate: params, grads", uses_m ? ", m" : "",
+                                       uses_v ? ", v" : "", " must be set (", ToString(h.rule),
+                                       ")"));
+  }
+  if (s.state == StatePrecision::kInt8 && h.rule != UpdateRule::kAdam) {
+    return InvalidArgumentError(
+        StrCat("AdamUpdate: int8 state is for Adam only, not ", ToString(h.rule)));
   }
   if (s.copy != ParamCopy::kNone && s.param_copy == nullptr) {
     return InvalidArgumentError("AdamUpdate: copy requested but param_copy is null");
@@ -117,8 +127,13 @@ Status CheckShard(const AdamShard& s, const AdamHyper& h) {
                                        " of an int8-state shard is not a multiple of ",
                                        kInt8StateBlock));
   }
-  if (!(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1 && h.eps > 0)) {
-    return InvalidArgumentError("AdamUpdate: betas must be in [0, 1) and eps > 0");
+  if (h.rule != UpdateRule::kAdagrad &&
+      !(h.beta1 >= 0 && h.beta1 < 1 && h.beta2 >= 0 && h.beta2 < 1)) {
+    return InvalidArgumentError(
+        StrCat("AdamUpdate: betas must be in [0, 1), got ", h.beta1, ", ", h.beta2));
+  }
+  if (h.rule != UpdateRule::kLion && !(h.eps > 0)) {
+    return InvalidArgumentError(StrCat("AdamUpdate: eps must be > 0, got ", h.eps));
   }
   return Status::Ok();
 }
@@ -166,6 +181,42 @@ void ForTiles(size_t n, int threads, F&& body, Tracer* tracer = nullptr,
 }
 
 }  // namespace
+
+std::string_view ToString(UpdateRule rule) {
+  switch (rule) {
+    case UpdateRule::kAdam:
+      return "adam";
+    case UpdateRule::kAdagrad:
+      return "adagrad";
+    case UpdateRule::kLion:
+      break;
+  }
+  return "lion";
+}
+
+AdamHyper HyperFromConfig(const OptimizerConfig& optimizer) {
+  AdamHyper h;
+  switch (optimizer.type) {
+    case OptimizerType::kAdam:
+    case OptimizerType::kAdamW:
+      h.rule = UpdateRule::kAdam;
+      break;
+    case OptimizerType::kAdagrad:
+      h.rule = UpdateRule::kAdagrad;
+      break;
+    case OptimizerType::kLion:
+      h.rule = UpdateRule::kLion;
+      break;
+  }
+  const OptimizerParams& p = optimizer.params;
+  h.lr = static_cast<float>(p.lr);
+  h.beta1 = static_cast<float>(p.betas[0]);
+  h.beta2 = static_cast<float>(p.betas[1]);
+  h.eps = static_cast<float>(p.eps);
+  h.weight_decay = static_cast<float>(p.weight_decay);
+  h.decoupled_weight_decay = optimizer.decoupled_weight_decay();
+  return h;
+}
 
 std::string_view ToString(ParamCopy copy) {
   switch (copy) {
@@ -238,8 +289,10 @@ Status AdamUpdate(const AdamShard& shard, const AdamHyper& hyper, float grad_sca
   return internal::AdamUpdateTraced(shard, hyper, grad_scale, threads, nullptr, {});
 }
 
-void AdamBandwidthCeiling(const AdamShard& shard, int threads) {
-  const internal::AdamKernelArgs args = MakeArgs(shard, AdamHyper{}, 1.0f);
+void AdamBandwidthCeiling(const AdamShard& shard, int threads, UpdateRule rule) {
+  AdamHyper hyper;
+  hyper.rule = rule;
+  const internal::AdamKernelArgs args = MakeArgs(shard, hyper, 1.0f);
   ForTiles(shard.n, Threads(threads),
            [&](size_t begin, size_t end) { internal::BandwidthRange(args, begin, end); });
 }

@@ -448,6 +448,10 @@ Status MultiTensorGradNorm(std::span<const DeviceSpan> tensors, DType dtype,
 
 Status GpuAdam(std::span<const GpuAdamTensor> tensors, const GpuAdamStep& step,
                cudaStream_t stream) {
+  if (step.hyper.rule != UpdateRule::kAdam) {
+    return InvalidArgumentError(
+        StrCat("GpuAdam: the GPU runs Adam/AdamW only, not ", ToString(step.hyper.rule)));
+  }
   if (step.hyper.step < 1) {
     return InvalidArgumentError(StrCat("GpuAdam: step must be >= 1, got ", step.hyper.step));
   }

@@ -202,7 +202,20 @@ TEST(ConfigTest, WrongTypesNameThePathAndExpectedType) {
               {"zoffload.budgets.host_bytes: expected a byte count"});
   ExpectError(R"({"zoffload": {"optimizer_state": "fp8"}})",
               {"zoffload.optimizer_state: expected one of \"fp32\", \"bf16\", \"int8\""});
+  ExpectError(R"({"optimizer": {"type": "Lion"}, "zoffload": {"optimizer_state": "int8"}})",
+              {"zoffload.optimizer_state: int8 state is for Adam and AdamW only, not Lion"});
   ExpectError("[1, 2]", {"(root): expected an object"});
+}
+
+TEST(ConfigTest, AdagradAndLionTypes) {
+  auto lion = Parse(R"({"optimizer": {"type": "lion", "params": {"betas": [0.9, 0.99]}}})");
+  ASSERT_TRUE(lion.ok()) << lion.status();
+  EXPECT_EQ(lion->optimizer.type, OptimizerType::kLion);
+  EXPECT_TRUE(lion->optimizer.decoupled_weight_decay());
+  auto adagrad = Parse(R"({"optimizer": {"type": "Adagrad", "params": {"eps": 1e-10}}})");
+  ASSERT_TRUE(adagrad.ok()) << adagrad.status();
+  EXPECT_EQ(adagrad->optimizer.type, OptimizerType::kAdagrad);
+  EXPECT_FALSE(adagrad->optimizer.decoupled_weight_decay());
 }
 
 TEST(ConfigTest, MalformedJsonReportsLineAndColumn) {

@@ -17,6 +17,7 @@ struct AdamBenchOptions {
   std::vector<DType> grad_dtypes = {DType::kFp32};
   std::vector<StatePrecision> states = {StatePrecision::kFp32};
   std::vector<ParamCopy> copies = {ParamCopy::kNone};
+  std::vector<UpdateRule> rules = {UpdateRule::kAdam};  ///< int8 state: Adam only (others skip)
   int steps = 5;  ///< timed steps per setting (after one warm-up)
 };
 
@@ -26,6 +27,7 @@ struct AdamRecord {
   DType grad_dtype = DType::kFp32;
   StatePrecision state = StatePrecision::kFp32;
   ParamCopy copy = ParamCopy::kNone;
+  UpdateRule rule = UpdateRule::kAdam;
   double bytes_per_param = 0;
   double seconds_per_step = 0;  ///< median
   double gparams_per_s = 0;
