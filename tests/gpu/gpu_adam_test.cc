@@ -208,6 +208,10 @@ TEST(GpuAdamStepTest, RejectsBadArguments) {
   step.hyper.step = 1;
   const gpu::GpuAdamTensor missing{nullptr, nullptr, nullptr, nullptr, nullptr, 5};
   EXPECT_EQ(gpu::GpuAdam({&missing, 1}, step, nullptr).code(), StatusCode::kInvalidArgument);
+  step.hyper.rule = UpdateRule::kLion;  // the GPU runs Adam/AdamW only
+  const Status lion = gpu::GpuAdam({}, step, nullptr);
+  EXPECT_EQ(lion.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(lion.message().find("lion"), std::string::npos) << lion;
 }
 
 }  // namespace
