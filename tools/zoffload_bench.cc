@@ -57,11 +57,11 @@ Speeds are O_DIRECT (never the page cache); 1 GB/s = 1e9 bytes/s.
 
 zoffload-bench adam [--params 256M] [--threads N] [--grad-dtype fp32,bf16,fp16]
                     [--state fp32,bf16,int8] [--param-copy none,bf16,fp16] [--steps 5]
-                    [--rule adam,adagrad,lion] [--no-bind] [--json FILE]
+                    [--rule adam,adagrad,lion] [--bind] [--json FILE]
   Times optimizer steps (median) and a kernel moving the same bytes per parameter over the
   same buffers in the same process; prints Gparam/s, GB/s and their ratio (bandwidth_ratio).
   --rule: Adam/AdamW (default), Adagrad (v only), Lion (m only); int8 state is Adam's only.
-  Worker threads are bound to physical cores unless --no-bind.
+  --bind binds worker thread k to physical core k (zoffload.cpu_adam_bind_cores).
 
 zoffload-bench step [--params 128M] [--tensors 16] [--state-on host|nvme] [--path DIR ...]
                     [--state fp32|bf16|int8] [--grad-dtype bf16] [--buffers 4] [--chunk 4M]
@@ -319,7 +319,7 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
   std::string json_path;
   bool help = false;
   const Status parsed = ForEachOption(
-      args, {"--no-bind"}, &help, [&](const std::string& a, const std::string& v) -> Status {
+      args, {"--bind"}, &help, [&](const std::string& a, const std::string& v) -> Status {
         if (a == "--params") {
           if (!ParseByteSize(v, &o.params) || o.params == 0) {
             return InvalidArgumentError(StrCat("--params: '", v, "' is not a count such as 256M"));
@@ -338,8 +338,8 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
           ZO_ASSIGN_OR_RETURN(o.rules, ParseEnumList(a, v, kRuleNames));
         } else if (a == "--param-copy") {
           ZO_ASSIGN_OR_RETURN(o.copies, ParseEnumList(a, v, kCopyNames));
-        } else if (a == "--no-bind") {
-          SetCpuAdamCoreBinding(false);
+        } else if (a == "--bind") {
+          SetCpuAdamCoreBinding(true);
         } else if (a == "--json") {
           json_path = v;
         } else {

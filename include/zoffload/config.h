@@ -150,7 +150,7 @@ struct ZoffloadSection {
   TierBudgets budgets;
   StatePrecision optimizer_state = StatePrecision::kFp32;  ///< precision of Adam's m and v
   int cpu_adam_threads = 0;         ///< OpenMP threads of the CPU optimizer; 0 = physical cores
-  bool cpu_adam_bind_cores = true;  ///< CPU optimizer thread k bound to physical core k
+  bool cpu_adam_bind_cores = false;  ///< CPU optimizer thread k bound to physical core k
   std::string trace_path;           ///< when non-empty, a Chrome trace-event JSON is written here
   bool operator==(const ZoffloadSection&) const = default;
 };

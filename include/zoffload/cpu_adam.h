@@ -113,7 +113,7 @@ int DefaultAdamThreads();
 
 /// Process-wide: whether CPU Adam's worker k (of every parallel pass) runs bound to physical
 /// core k modulo the cores (hwloc), or where the OS puts it. The calling thread, worker 0, is
-/// never bound. Default on; config zoffload.cpu_adam_bind_cores.
+/// never bound. Default off; config zoffload.cpu_adam_bind_cores.
 void SetCpuAdamCoreBinding(bool bind);
 
 struct AdamStepResult {

@@ -65,7 +65,7 @@ const Topology* AdamTopology() {
   return topology.get();
 }
 
-std::atomic<bool> bind_cores{true};
+std::atomic<bool> bind_cores{false};
 
 // Worker k of a parallel region runs on physical core k (modulo the cores) while binding is
 // on. The calling thread (k = 0) is the caller's and keeps its own placement.

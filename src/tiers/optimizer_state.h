@@ -76,7 +76,7 @@ struct OptimizerStateOptions {
   PipelineOptions pipeline;
   int threads = 0;  ///< CPU Adam threads; 0 = physical cores
   /// CPU Adam workers bound to cores; applied process-wide by Create (SetCpuAdamCoreBinding).
-  bool bind_cores = true;
+  bool bind_cores = false;
   Tracer* tracer = nullptr;  ///< optional timeline of every read, write and update
 
   /// From a config: offload_optimizer.device (cpu -> host, nvme -> nvme), ratio (nvme: the

@@ -37,7 +37,7 @@ constexpr const char* kEveryKey = R"({
   "zoffload": {"nvme_paths": ["/mnt/a", "/mnt/b"],
                "budgets": {"gpu_bytes": "20GiB", "pinned_host_bytes": 1073741824,
                            "host_bytes": "64G"},
-               "optimizer_state": "int8", "cpu_adam_threads": 12, "cpu_adam_bind_cores": false, "trace_path": "/tmp/trace.json"}
+               "optimizer_state": "int8", "cpu_adam_threads": 12, "cpu_adam_bind_cores": true, "trace_path": "/tmp/trace.json"}
 })";
 
 Result<Config> Parse(const std::string& text, int world_size = 1) {
@@ -131,7 +131,7 @@ TEST(ConfigTest, EveryKeyIsRead) {
   EXPECT_EQ(c.zoffload.optimizer_state, StatePrecision::kInt8);
   EXPECT_EQ(c.zoffload.trace_path, "/tmp/trace.json");
   EXPECT_EQ(c.zoffload.cpu_adam_threads, 12);
-  EXPECT_FALSE(c.zoffload.cpu_adam_bind_cores);
+  EXPECT_TRUE(c.zoffload.cpu_adam_bind_cores);
 }
 
 TEST(ConfigTest, SerializeRoundTrips) {
