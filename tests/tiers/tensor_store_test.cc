@@ -147,6 +147,21 @@ TensorStoreOptions NvmeOptions(const std::string& dir, uint64_t budget) {
   return o;
 }
 
+// A fresh store over `options`' directory finds tensors w0.. (1 MiB each) holding `counter`
+// in their first 4 bytes.
+void ExpectCountersOnDisk(const TensorStoreOptions& options, int tensors, uint32_t counter) {
+  auto store = TensorStore::Open(options);
+  ASSERT_TRUE(store.ok()) << store.status();
+  for (int t = 0; t < tensors; ++t) {
+    ASSERT_TRUE((*store)->Register(StrCat("w", t), DType::kFp32, 1 << 18, Tier::kNvme).ok());
+    auto lease = (*store)->Acquire(StrCat("w", t), Access::kRead).Get();
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    uint32_t value;
+    std::memcpy(&value, lease->data(), 4);
+    EXPECT_EQ(value, counter) << "w" << t;
+  }
+}
+
 // Six 1 MiB tensors used in a repeating order through a cache of three: least-recently-used
 // would miss every access; next use (the recorded cycle) keeps two of three hits per cycle.
 TEST(TensorStoreNvme, EvictsByNextUseAndWritesBackDirtyTensors) {
@@ -177,16 +192,7 @@ TEST(TensorStoreNvme, EvictsByNextUseAndWritesBackDirtyTensors) {
   // Persistence: flushed, a fresh store on the same directory sees step 4's values.
   ASSERT_TRUE((*store)->Flush().ok());
   store->reset();
-  auto again = TensorStore::Open(NvmeOptions(dir.path(), 3 << 20));
-  ASSERT_TRUE(again.ok());
-  for (int t = 0; t < kTensors; ++t) {
-    ASSERT_TRUE((*again)->Register(StrCat("w", t), DType::kFp32, 1 << 18, Tier::kNvme).ok());
-    auto lease = (*again)->Acquire(StrCat("w", t), Access::kRead).Get();
-    ASSERT_TRUE(lease.ok()) << lease.status();
-    uint32_t counter;
-    std::memcpy(&counter, lease->data(), 4);
-    EXPECT_EQ(counter, 4u);
-  }
+  ExpectCountersOnDisk(NvmeOptions(dir.path(), 3 << 20), kTensors, 4);
 }
 
 TEST(TensorStoreNvme, LeasedTensorsAreNeverEvicted) {
@@ -342,16 +348,7 @@ TEST_F(TensorStoreGpu, GpuCopiesAreEvictedByNextUseAndWrittenBack) {
   EXPECT_GE(stats.gpu_hits, 3u * 2) << stats.gpu_misses << " misses";
   ASSERT_TRUE((*store)->Flush().ok());
   store->reset();
-  auto again = TensorStore::Open(o);
-  ASSERT_TRUE(again.ok());
-  for (int t = 0; t < kTensors; ++t) {
-    ASSERT_TRUE((*again)->Register(StrCat("w", t), DType::kFp32, 1 << 18, Tier::kNvme).ok());
-    auto lease = (*again)->Acquire(StrCat("w", t), Access::kRead).Get();
-    ASSERT_TRUE(lease.ok()) << lease.status();
-    uint32_t counter;
-    std::memcpy(&counter, lease->data(), 4);
-    EXPECT_EQ(counter, 4u);
-  }
+  ExpectCountersOnDisk(o, kTensors, 4);
 }
 
 // Without a GPU a GPU lease is a clear error, and the tensor stays usable on the host.
