@@ -21,7 +21,6 @@ namespace zoffload {
 
 /// Where a class of tensors is offloaded to.
 enum class OffloadDevice { kNone, kCpu, kNvme };
-/// The optimizer algorithm.
 /// optimizer.type: Adam/AdamW, and Adagrad and Lion on the same CPU skeleton.
 enum class OptimizerType { kAdam, kAdamW, kAdagrad, kLion };
 /// How the Adam moments (m, v) are stored.
@@ -149,9 +148,9 @@ struct ZoffloadSection {
   std::vector<std::string> nvme_paths;
   TierBudgets budgets;
   StatePrecision optimizer_state = StatePrecision::kFp32;  ///< precision of Adam's m and v
-  int cpu_adam_threads = 0;         ///< OpenMP threads of the CPU optimizer; 0 = physical cores
+  int cpu_adam_threads = 0;          ///< OpenMP threads of the CPU optimizer; 0 = physical cores
   bool cpu_adam_bind_cores = false;  ///< CPU optimizer thread k bound to physical core k
-  std::string trace_path;           ///< when non-empty, a Chrome trace-event JSON is written here
+  std::string trace_path;            ///< when non-empty, a Chrome trace-event JSON is written here
   bool operator==(const ZoffloadSection&) const = default;
 };
 

@@ -53,6 +53,15 @@ enum class Access : uint8_t {
   kReadWrite,  ///< read and changed
 };
 
+/// What a tensor is to a training step; its home tier follows the config.
+enum class TensorRole : uint8_t { kParameter, kGradient, kOptimizerState };
+
+/// The home tier `config` gives tensors of `role`: parameters by offload_param.device (none:
+/// gpu, cpu: host, nvme: nvme); optimizer state by offload_optimizer.device (the same map; the
+/// ratio's split is OptimizerState's); gradients in host memory when the optimizer state is
+/// offloaded (the CPU optimizer reads them there), else on the GPU.
+Tier PlacementFor(TensorRole role, const Config& config);
+
 struct TensorStoreOptions {
   uint64_t host_budget_bytes = 0;       ///< host tensors + NVMe cache; 0 = no budget
   uint64_t gpu_budget_bytes = 0;        ///< gpu tensors; 0 = no budget

@@ -31,6 +31,30 @@ std::string_view ToString(Tier tier) {
   return "nvme";
 }
 
+Tier PlacementFor(TensorRole role, const Config& config) {
+  const ZeroConfig& zero = config.zero_optimization;
+  auto tier = [](OffloadDevice device) {
+    switch (device) {
+      case OffloadDevice::kNone:
+        return Tier::kGpu;
+      case OffloadDevice::kCpu:
+        return Tier::kHost;
+      case OffloadDevice::kNvme:
+        break;
+    }
+    return Tier::kNvme;
+  };
+  switch (role) {
+    case TensorRole::kParameter:
+      return tier(zero.offload_param.device);
+    case TensorRole::kGradient:
+      return zero.offload_optimizer.device == OffloadDevice::kNone ? Tier::kGpu : Tier::kHost;
+    case TensorRole::kOptimizerState:
+      break;
+  }
+  return tier(zero.offload_optimizer.device);
+}
+
 TensorStoreOptions TensorStoreOptions::FromConfig(const Config& config) {
   TensorStoreOptions o;
   const TierBudgets& b = config.zoffload.budgets;

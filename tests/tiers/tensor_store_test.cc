@@ -239,6 +239,21 @@ TEST(TensorStoreNvme, PrefetchLoadsAheadAndNoNvmePathIsAClearError) {
   EXPECT_NE(s.message().find("nvme_paths"), std::string::npos) << s;
 }
 
+TEST(TensorStore, PlacementFollowsTheConfig) {
+  auto none = ParseConfig(R"({"zero_optimization": {"stage": 2}})");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(PlacementFor(TensorRole::kParameter, *none), Tier::kGpu);
+  EXPECT_EQ(PlacementFor(TensorRole::kGradient, *none), Tier::kGpu);
+  EXPECT_EQ(PlacementFor(TensorRole::kOptimizerState, *none), Tier::kGpu);
+  auto infinity = ParseConfig(R"({"zero_optimization": {"stage": 3,
+      "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp"},
+      "offload_param": {"device": "cpu"}}})");
+  ASSERT_TRUE(infinity.ok()) << infinity.status();
+  EXPECT_EQ(PlacementFor(TensorRole::kParameter, *infinity), Tier::kHost);
+  EXPECT_EQ(PlacementFor(TensorRole::kGradient, *infinity), Tier::kHost);
+  EXPECT_EQ(PlacementFor(TensorRole::kOptimizerState, *infinity), Tier::kNvme);
+}
+
 // ---- GPU residency: host and nvme tensors leased in device memory ---------------------------
 
 class TensorStoreGpu : public ::testing::Test {
