@@ -1,7 +1,9 @@
 #include "zoffload/tensor_store.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <unordered_map>
@@ -102,14 +104,22 @@ struct StoreEntry {
   bool on_disk = false;       // the swap tensor holds data
   uint64_t last_use = 0;
   // Moves in flight (guarded by move_mu, not the store's mutex; lock order: mu, then move_mu).
+  // Nobody waits for the load while holding move_mu: its completion callback takes it.
   std::mutex move_mu;
-  IoFuture load;  // NVMe -> host copy
+  IoFuture load;             // NVMe -> host copy
+  bool load_waited = false;  // a thread took `load` and waits for it (AwaitLoad)
+  std::condition_variable load_cv;
   Status load_status;
 #if ZO_HAVE_CUDA
-  bool upload_after_load = false;  // the GPU copy is filled once the load is in
-  CopyToken upload;                // host copy -> GPU copy
+  // The GPU copy is filled once the load is in: by the load's completion callback when the
+  // host copy is pinned (one DMA, it does not block), else by the GPU lease's Get.
+  bool upload_after_load = false;
+  CopyToken upload;  // host copy -> GPU copy
   bool upload_valid = false;
+  Status upload_status;  // of an upload the callback could not start
 #endif
+
+  bool Loading() const { return load.valid() || load_waited; }  // move_mu held
 
   bool has_device() const {
 #if ZO_HAVE_CUDA
@@ -235,6 +245,7 @@ struct TensorStore::Impl {
   static Status FinishUpload(StoreEntry& e) {
     std::lock_guard move_lock(e.move_mu);
     e.upload_after_load = false;
+    e.upload_status = Status::Ok();
     if (!e.upload_valid) return Status::Ok();
     e.upload_valid = false;
     return e.upload.Wait();
@@ -283,7 +294,7 @@ struct TensorStore::Impl {
           return false;
         }
         std::lock_guard move_lock(e.move_mu);
-        return !e.load.valid();
+        return !e.Loading();
       });
       if (victim == nullptr) {
         return ResourceExhaustedError(
@@ -333,11 +344,37 @@ struct TensorStore::Impl {
       std::memset(e.host.data(), 0, e.bytes);
       return Status::Ok();
     }
+    std::function<void(const Status&)> on_done;
+#if ZO_HAVE_CUDA
+    on_done = [this, entry = &e](const Status& status) {
+      std::lock_guard move_lock(entry->move_mu);
+      if (!status.ok() || !entry->upload_after_load || !entry->host.is_pinned()) return;
+      entry->upload_after_load = false;
+      entry->upload_status = StartUpload(*entry);
+    };
+#endif
     std::lock_guard move_lock(e.move_mu);
-    e.load = swap->Read(e.key, 0, {e.host.data(), e.bytes});
+    e.load = swap->Read(e.key, 0, {e.host.data(), e.bytes}, std::move(on_done));
     e.load_status = Status::Ok();
     stats.bytes_read += e.bytes;
     return Status::Ok();
+  }
+
+  // Waits for e's load, if any, with move_mu (held by `lock`) released meanwhile; its status.
+  static Status AwaitLoad(StoreEntry& e, std::unique_lock<std::mutex>& lock) {
+    if (e.load.valid()) {
+      IoFuture load = std::move(e.load);
+      e.load_waited = true;
+      lock.unlock();
+      const Status status = load.Wait();
+      lock.lock();
+      e.load_status = status;
+      e.load_waited = false;
+      e.load_cv.notify_all();
+    } else {
+      e.load_cv.wait(lock, [&e] { return !e.load_waited; });
+    }
+    return e.load_status;
   }
 
 #if ZO_HAVE_CUDA
@@ -378,7 +415,7 @@ struct TensorStore::Impl {
     if (!fill) return Status::Ok();
     stats.bytes_to_gpu += e.bytes;
     std::lock_guard move_lock(e.move_mu);
-    if (e.load.valid()) {
+    if (e.Loading()) {
       e.upload_after_load = true;
       return Status::Ok();
     }
@@ -461,7 +498,7 @@ bool LeaseFuture::Ready() const {
   if (state_ == nullptr || !state_->error.ok()) return true;
   StoreEntry& e = *state_->entry;
   std::lock_guard move_lock(e.move_mu);
-  if (e.load.valid() && !e.load.Ready()) return false;
+  if (e.load_waited || (e.load.valid() && !e.load.Ready())) return false;
 #if ZO_HAVE_CUDA
   if (state_->at == Tier::kGpu) {
     if (e.upload_after_load) return false;
@@ -482,15 +519,12 @@ Result<Lease> LeaseFuture::Get() {
   TensorStore::Impl& s = *state->store->impl_;
   Status loaded, uploaded;
   {
-    std::lock_guard move_lock(e.move_mu);
-    if (e.load.valid()) {
-      e.load_status = e.load.Wait();
-      e.load = IoFuture();
-    }
-    loaded = e.load_status;
+    std::unique_lock move_lock(e.move_mu);
+    loaded = TensorStore::Impl::AwaitLoad(e, move_lock);
 #if ZO_HAVE_CUDA
     if (state->at == Tier::kGpu && loaded.ok()) {
-      if (e.upload_after_load) {
+      uploaded = std::exchange(e.upload_status, Status::Ok());
+      if (uploaded.ok() && e.upload_after_load) {
         e.upload_after_load = false;
         uploaded = s.StartUpload(e);
       }
@@ -540,8 +574,8 @@ Result<Lease> LeaseFuture::Get() {
 TensorStore::TensorStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TensorStore::~TensorStore() {
   for (auto& [key, e] : impl_->entries) {
-    std::lock_guard move_lock(e->move_mu);
-    if (e->load.valid()) e->load.Wait().IgnoreError();
+    std::unique_lock move_lock(e->move_mu);
+    Impl::AwaitLoad(*e, move_lock).IgnoreError();
 #if ZO_HAVE_CUDA
     if (e->upload_valid) e->upload.Wait().IgnoreError();
 #endif
@@ -631,8 +665,8 @@ Status TensorStore::Unregister(const std::string& key) {
     return FailedPreconditionError(StrCat("tensor store: '", key, "' is leased"));
   }
   {
-    std::lock_guard move_lock(e.move_mu);
-    if (e.load.valid()) e.load.Wait().IgnoreError();
+    std::unique_lock move_lock(e.move_mu);
+    Impl::AwaitLoad(e, move_lock).IgnoreError();
 #if ZO_HAVE_CUDA
     if (e.upload_valid) e.upload.Wait().IgnoreError();
 #endif

@@ -2,8 +2,10 @@
 // NVMe tier's cache: budget, next-use eviction, write-back, persistence.
 #include "zoffload/tensor_store.h"
 
+#include <chrono>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -329,6 +331,42 @@ TEST_F(TensorStoreGpu, HostAndNvmeTensorsMoveToTheGpuAndBack) {
   ASSERT_TRUE((*store)->Register("g", DType::kBf16, 10, Tier::kGpu).ok());
   const Status s = (*store)->Acquire("g", Access::kRead, Tier::kHost).Get().status();
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+}
+
+// Prefetch to the GPU of an nvme tensor with a pinned host copy is a pipeline of its own: the
+// upload starts when the read completes, so the lease is ready without anyone calling Get.
+TEST_F(TensorStoreGpu, PrefetchToTheGpuUploadsWhenTheReadCompletes) {
+  TensorStoreOptions o = NvmeOptions(dir_.path(), 0);
+  o.pin_host = true;
+  auto store = TensorStore::Open(o);
+  ASSERT_TRUE(store.ok());
+  constexpr uint64_t kElements = 1 << 20;
+  ASSERT_TRUE((*store)->Register("w", DType::kFp32, kElements, Tier::kNvme).ok());
+  const auto data = Pattern(4 * kElements, 9);
+  {
+    auto lease = (*store)->Acquire("w", Access::kWrite).Get();
+    ASSERT_TRUE(lease.ok());
+    Put(*lease, data);
+  }
+  ASSERT_TRUE((*store)->Flush().ok());
+  store->reset();
+  store = TensorStore::Open(o);  // a cold cache: the tensor is only on disk
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Register("w", DType::kFp32, kElements, Tier::kNvme).ok());
+  (*store)->Prefetch("w", Tier::kGpu);
+  LeaseFuture future = (*store)->Acquire("w", Access::kRead, Tier::kGpu);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!future.Ready() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_TRUE(future.Ready()) << "the upload waited for Get";
+  auto lease = future.Get();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(Get(*lease), data);
+  const TensorStore::Stats stats = (*store)->stats();
+  EXPECT_EQ(stats.bytes_read, 4 * kElements);
+  EXPECT_EQ(stats.bytes_to_gpu, 4 * kElements);
+  EXPECT_EQ(stats.gpu_hits, 1u);  // the prefetch made the copy; the acquisition found it
 }
 
 // Six 1 MiB nvme tensors updated on the GPU in a repeating order, with room for three GPU
