@@ -114,7 +114,8 @@ struct StoreEntry {
   // The GPU copy is filled once the load is in: by the load's completion callback when the
   // host copy is pinned (one DMA, it does not block), else by the GPU lease's Get.
   bool upload_after_load = false;
-  CopyToken upload;  // host copy -> GPU copy
+  bool load_landed = false;  // the load's callback ran and the data is in the host copy
+  CopyToken upload;          // host copy -> GPU copy
   bool upload_valid = false;
   Status upload_status;  // of an upload the callback could not start
 #endif
@@ -348,12 +349,16 @@ struct TensorStore::Impl {
 #if ZO_HAVE_CUDA
     on_done = [this, entry = &e](const Status& status) {
       std::lock_guard move_lock(entry->move_mu);
+      entry->load_landed = status.ok();
       if (!status.ok() || !entry->upload_after_load || !entry->host.is_pinned()) return;
       entry->upload_after_load = false;
       entry->upload_status = StartUpload(*entry);
     };
 #endif
     std::lock_guard move_lock(e.move_mu);
+#if ZO_HAVE_CUDA
+    e.load_landed = false;
+#endif
     e.load = swap->Read(e.key, 0, {e.host.data(), e.bytes}, std::move(on_done));
     e.load_status = Status::Ok();
     stats.bytes_read += e.bytes;
@@ -415,7 +420,7 @@ struct TensorStore::Impl {
     if (!fill) return Status::Ok();
     stats.bytes_to_gpu += e.bytes;
     std::lock_guard move_lock(e.move_mu);
-    if (e.Loading()) {
+    if (e.Loading() && !e.load_landed) {  // the load's callback or Get uploads
       e.upload_after_load = true;
       return Status::Ok();
     }
