@@ -149,13 +149,20 @@ TensorStoreOptions NvmeOptions(const std::string& dir, uint64_t budget) {
   return o;
 }
 
+// Registers nvme tensors w0.. of 1 MiB each.
+void RegisterTensors(TensorStore& store, int tensors) {
+  for (int t = 0; t < tensors; ++t) {
+    ASSERT_TRUE(store.Register(StrCat("w", t), DType::kFp32, 1 << 18, Tier::kNvme).ok());
+  }
+}
+
 // A fresh store over `options`' directory finds tensors w0.. (1 MiB each) holding `counter`
 // in their first 4 bytes.
 void ExpectCountersOnDisk(const TensorStoreOptions& options, int tensors, uint32_t counter) {
   auto store = TensorStore::Open(options);
   ASSERT_TRUE(store.ok()) << store.status();
+  RegisterTensors(**store, tensors);
   for (int t = 0; t < tensors; ++t) {
-    ASSERT_TRUE((*store)->Register(StrCat("w", t), DType::kFp32, 1 << 18, Tier::kNvme).ok());
     auto lease = (*store)->Acquire(StrCat("w", t), Access::kRead).Get();
     ASSERT_TRUE(lease.ok()) << lease.status();
     uint32_t value;
@@ -171,9 +178,7 @@ TEST(TensorStoreNvme, EvictsByNextUseAndWritesBackDirtyTensors) {
   auto store = TensorStore::Open(NvmeOptions(dir.path(), 3 << 20));
   ASSERT_TRUE(store.ok());
   constexpr int kTensors = 6;
-  for (int t = 0; t < kTensors; ++t) {
-    ASSERT_TRUE((*store)->Register(StrCat("w", t), DType::kFp32, 1 << 18, Tier::kNvme).ok());
-  }
+  RegisterTensors(**store, kTensors);
   for (int step = 0; step < 4; ++step) {
     for (int t = 0; t < kTensors; ++t) {
       auto lease = (*store)->Acquire(StrCat("w", t), Access::kReadWrite).Get();
@@ -378,9 +383,7 @@ TEST_F(TensorStoreGpu, GpuCopiesAreEvictedByNextUseAndWrittenBack) {
   auto store = TensorStore::Open(o);
   ASSERT_TRUE(store.ok());
   constexpr int kTensors = 6;
-  for (int t = 0; t < kTensors; ++t) {
-    ASSERT_TRUE((*store)->Register(StrCat("w", t), DType::kFp32, 1 << 18, Tier::kNvme).ok());
-  }
+  RegisterTensors(**store, kTensors);
   for (int step = 0; step < 4; ++step) {
     for (int t = 0; t < kTensors; ++t) {
       auto lease = (*store)->Acquire(StrCat("w", t), Access::kReadWrite, Tier::kGpu).Get();
