@@ -446,7 +446,7 @@ int StepMain(const std::vector<std::string>& args, bool short_defaults) {
           o.buffers = config.zero_optimization.offload_optimizer.buffer_count;
           o.state = config.zoffload.optimizer_state;
           if (config.zoffload.cpu_adam_threads > 0) o.threads = config.zoffload.cpu_adam_threads;
-          o.bind_cores = config.zoffload.cpu_adam_bind_cores;
+          SetCpuAdamCoreBinding(config.zoffload.cpu_adam_bind_cores);
           auto swap = SwapSpaceOptions::ForOptimizerState(config);
           if (swap.ok() && paths.empty()) paths = swap->paths;
         } else if (a == "--json") {

@@ -74,7 +74,6 @@ Result<OptimizerStateOptions> OptimizerStateOptions::FromConfig(const Config& co
   }
   o.precision = config.zoffload.optimizer_state;
   o.threads = config.zoffload.cpu_adam_threads;
-  o.bind_cores = config.zoffload.cpu_adam_bind_cores;
   o.pipeline.buffers = oo.buffer_count;
   o.pipeline.overlap_read = oo.pipeline_read;
   o.pipeline.overlap_write = oo.pipeline_write;
@@ -138,7 +137,6 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
                "be in (0, 1], got ",
                options.offload_ratio));
   }
-  SetCpuAdamCoreBinding(options.bind_cores);
   std::unique_ptr<OptimizerState> state(new OptimizerState());
   state->tensors_ = std::move(tensors);
   state->options_ = std::move(options);

@@ -74,15 +74,14 @@ struct OptimizerStateOptions {
   StatePrecision precision = StatePrecision::kFp32;
   SwapSpaceOptions swap;  ///< where NVMe state lives (home kNvme)
   PipelineOptions pipeline;
-  int threads = 0;  ///< CPU Adam threads; 0 = physical cores
-  /// CPU Adam workers bound to cores; applied process-wide by Create (SetCpuAdamCoreBinding).
-  bool bind_cores = false;
+  int threads = 0;           ///< CPU Adam threads; 0 = physical cores
   Tracer* tracer = nullptr;  ///< optional timeline of every read, write and update
 
   /// From a config: offload_optimizer.device (cpu -> host, nvme -> nvme), ratio (nvme: the
   /// NVMe share; cpu: the share below 1 that stays on the GPU is the engine's, this object
   /// holds the host share), buffer_count, pipeline_read/pipeline_write,
-  /// zoffload.optimizer_state, cpu_adam_threads, cpu_adam_bind_cores, NVMe paths.
+  /// zoffload.optimizer_state, cpu_adam_threads, NVMe paths. (zoffload.cpu_adam_bind_cores
+  /// is process-wide: SetCpuAdamCoreBinding.)
   static Result<OptimizerStateOptions> FromConfig(const Config& config);
 };
 

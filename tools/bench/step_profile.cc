@@ -151,7 +151,6 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   so.home = o.state_on;
   so.precision = o.state;
   so.threads = o.threads;
-  so.bind_cores = o.bind_cores;
   so.pipeline.buffers = o.buffers;
   so.pipeline.chunk_elements = o.chunk_elements;
   std::unique_ptr<Tracer> tracer;
