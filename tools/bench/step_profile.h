@@ -28,7 +28,7 @@ struct StepBenchOptions {
   bool checksums = true;        ///< CRC32C per swap block (SwapSpaceOptions::checksums)
   bool durable = false;         ///< flush every commit to the device (SwapSpaceOptions::durable)
   int threads = 0;
-  int steps = 3;           ///< timed steps (median), after one warm-up step
+  int steps = 3;  ///< timed steps (median), after one warm-up step
   std::string trace_path;
 };
 
