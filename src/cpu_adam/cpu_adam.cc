@@ -163,7 +163,7 @@ void ForTiles(size_t n, int threads, F&& body, Tracer* tracer = nullptr,
   {
     PlaceThread(omp_get_thread_num());
     const FlushDenormals flush;
-    const auto start = Tracer::Clock::now();
+    const auto start = tracer != nullptr ? Tracer::Clock::now() : Tracer::Clock::time_point();
     size_t first = n, last = 0;
 #pragma omp for schedule(static) nowait
     for (int64_t t = 0; t < tiles; ++t) {

@@ -320,28 +320,37 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
   return result;
 }
 
+Status OptimizerState::UpdatePiece(const TensorGrads& g, float* params, void* m, void* v,
+                                   uint64_t first, uint64_t n, const AdamHyper& hyper,
+                                   float grad_scale, const std::string& label, StepStats* stats) {
+  AdamShard shard;
+  shard.params = params;
+  shard.n = n;
+  shard.state = options_.precision;
+  shard.m = m;
+  shard.v = v;
+  shard.grads = static_cast<const char*>(g.grads) + first * DTypeBytes(g.dtype);
+  shard.grad_dtype = g.dtype;
+  shard.copy = g.copy;
+  if (g.copy != ParamCopy::kNone) shard.param_copy = static_cast<char*>(g.param_copy) + first * 2;
+  shard.index_offset = first;
+  const auto t0 = Clock::now();
+  const Status status = internal::AdamUpdateTraced(shard, hyper, grad_scale, options_.threads,
+                                                   options_.tracer, label);
+  stats->adam_seconds += Since(t0);
+  if (options_.tracer != nullptr) {
+    options_.tracer->Record(kStepTrack, StrCat("adam ", label), t0, Clock::now());
+  }
+  return status;
+}
+
 Status OptimizerState::UpdateInHost(std::span<const TensorGrads> grads, const AdamHyper& hyper,
                                     float grad_scale, StepStats* stats) {
   for (size_t i = 0; i < tensors_.size(); ++i) {
     if (!in_host(i)) continue;
-    AdamShard shard;
-    shard.params = params_[i].as<float>();
-    shard.n = tensors_[i].n;
-    shard.state = options_.precision;
-    shard.m = m_[i].data();
-    shard.v = v_[i].data();
-    shard.grads = grads[i].grads;
-    shard.grad_dtype = grads[i].dtype;
-    shard.param_copy = grads[i].param_copy;
-    shard.copy = grads[i].copy;
-    const auto t0 = Clock::now();
-    ZO_RETURN_IF_ERROR(internal::AdamUpdateTraced(shard, hyper, grad_scale, options_.threads,
-                                                  options_.tracer, tensors_[i].name)
+    ZO_RETURN_IF_ERROR(UpdatePiece(grads[i], params_[i].as<float>(), m_[i].data(), v_[i].data(), 0,
+                                   tensors_[i].n, hyper, grad_scale, tensors_[i].name, stats)
                            .WithContext(StrCat("updating '", tensors_[i].name, "'")));
-    stats->adam_seconds += Since(t0);
-    if (options_.tracer != nullptr) {
-      options_.tracer->Record(kStepTrack, StrCat("adam ", tensors_[i].name), t0, Clock::now());
-    }
   }
   return Status::Ok();
 }
@@ -386,8 +395,12 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     const Item& it = items_[k];
     return StrCat(tensors_[it.tensor].name, "[", it.first, "+", it.n, "]");
   };
-  auto step_span = [&](const std::string& name, Clock::time_point t0) {
+  auto step_span = [&](const char* name, Clock::time_point t0) {
     if (tracer != nullptr) tracer->Record(kStepTrack, name, t0, Clock::now());
+  };
+  auto chunk_span = [&](const char* what, size_t k, Clock::time_point t0) {
+    if (tracer != nullptr)
+      tracer->Record(kStepTrack, StrCat(what, chunk_name(k)), t0, Clock::now());
   };
   auto traced = [&](const char* what, size_t k) -> std::function<void(const Status&)> {
     if (tracer == nullptr) return {};
@@ -442,36 +455,20 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     const auto verify_start = Clock::now();
     if (status.ok()) note(swap_->Verify(key_, offset, data, options_.threads), k, "reading");
     if (!status.ok()) break;
-    step_span(StrCat("verify ", chunk_name(k)), verify_start);
+    chunk_span("verify ", k, verify_start);
     const Item& it = items_[k];
     const auto offsets = PartOffsets(it.n);
     if (hyper != nullptr) {
-      const TensorGrads& g = grads[it.tensor];
-      AdamShard shard;
-      shard.params = reinterpret_cast<float*>(slot.part(offsets, 0));
-      shard.n = it.n;
-      shard.state = options_.precision;
-      shard.m = slot.part(offsets, 1);
-      shard.v = slot.part(offsets, 2);
-      shard.grads = static_cast<const char*>(g.grads) + it.first * DTypeBytes(g.dtype);
-      shard.grad_dtype = g.dtype;
-      shard.copy = g.copy;
-      if (g.copy != ParamCopy::kNone) {
-        shard.param_copy = static_cast<char*>(g.param_copy) + it.first * 2;
-      }
-      shard.index_offset = it.first;
-      const auto t0 = Clock::now();
-      const std::string name = tracer != nullptr ? chunk_name(k) : std::string();
-      note(internal::AdamUpdateTraced(shard, *hyper, grad_scale, options_.threads, tracer, name), k,
-           "updating");
-      stats->adam_seconds += Since(t0);
-      step_span(StrCat("adam ", name), t0);
+      note(UpdatePiece(grads[it.tensor], reinterpret_cast<float*>(slot.part(offsets, 0)),
+                       slot.part(offsets, 1), slot.part(offsets, 2), it.first, it.n, *hyper,
+                       grad_scale, tracer != nullptr ? chunk_name(k) : std::string(), stats),
+           k, "updating");
       if (!status.ok()) break;
     }
     const auto checksum_start = Clock::now();
     note(swap_->Checksum(key_, offset, data, options_.threads), k, "writing");
     if (!status.ok()) break;
-    step_span(StrCat("checksum ", chunk_name(k)), checksum_start);
+    chunk_span("checksum ", k, checksum_start);
     slot.write = swap_->Write(key_, offset, data, traced("write", k));
     stats->bytes_written += len;
     if (!po.overlap_write) wait(slot.write, k, "writing");

@@ -152,6 +152,11 @@ class OptimizerState {
   // updated right after it.
   Status Stream(std::span<const TensorGrads> grads, const AdamHyper* hyper,
                 const std::function<std::optional<float>()>& decide, StepStats* stats);
+  // CPU Adam over elements [first, first + n) of the tensor `g` belongs to, whose state is at
+  // params, m, v; timed into stats and traced as `label`.
+  Status UpdatePiece(const TensorGrads& g, float* params, void* m, void* v, uint64_t first,
+                     uint64_t n, const AdamHyper& hyper, float grad_scale, const std::string& label,
+                     StepStats* stats);
   // Updates the tensors whose state is in host memory.
   Status UpdateInHost(std::span<const TensorGrads> grads, const AdamHyper& hyper, float grad_scale,
                       StepStats* stats);

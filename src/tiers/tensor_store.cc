@@ -115,9 +115,8 @@ struct StoreEntry {
   // host copy is pinned (one DMA, it does not block), else by the GPU lease's Get.
   bool upload_after_load = false;
   bool load_landed = false;  // the load's callback ran and the data is in the host copy
-  CopyToken upload;          // host copy -> GPU copy
-  bool upload_valid = false;
-  Status upload_status;  // of an upload the callback could not start
+  CopyToken upload;          // host copy -> GPU copy (empty: none in flight)
+  Status upload_status;      // of an upload the callback could not start
 #endif
 
   bool Loading() const { return load.valid() || load_waited; }  // move_mu held
@@ -247,9 +246,7 @@ struct TensorStore::Impl {
     std::lock_guard move_lock(e.move_mu);
     e.upload_after_load = false;
     e.upload_status = Status::Ok();
-    if (!e.upload_valid) return Status::Ok();
-    e.upload_valid = false;
-    return e.upload.Wait();
+    return std::exchange(e.upload, CopyToken()).Wait();
   }
 #endif
 
@@ -391,7 +388,6 @@ struct TensorStore::Impl {
       ZO_ASSIGN_OR_RETURN(e.upload,
                           copies->HostToDeviceStaged(e.device.data(), e.host.data(), e.bytes));
     }
-    e.upload_valid = true;
     return Status::Ok();
   }
 #endif
@@ -507,10 +503,8 @@ bool LeaseFuture::Ready() const {
 #if ZO_HAVE_CUDA
   if (state_->at == Tier::kGpu) {
     if (e.upload_after_load) return false;
-    if (e.upload_valid) {
-      auto done = e.upload.Done();
-      return !done.ok() || *done;
-    }
+    const Result<bool> done = e.upload.Done();
+    return !done.ok() || *done;
   }
 #endif
   return true;
@@ -533,10 +527,7 @@ Result<Lease> LeaseFuture::Get() {
         e.upload_after_load = false;
         uploaded = s.StartUpload(e);
       }
-      if (uploaded.ok() && e.upload_valid) {
-        e.upload_valid = false;
-        uploaded = e.upload.Wait();
-      }
+      if (uploaded.ok()) uploaded = std::exchange(e.upload, CopyToken()).Wait();
     }
 #endif
   }
@@ -558,17 +549,11 @@ Result<Lease> LeaseFuture::Get() {
     // The failed copy is dropped (once, by whoever sees it first); the home stays.
     std::lock_guard lock(s.mu);
     EndLease(e, state->at, state->access);
+    s.DropDevice(e).IgnoreError();  // a GPU copy of this tensor was never filled
     if (!loaded.ok() && e.home == Tier::kNvme && !e.host.empty()) {
-      if (e.has_device()) s.DropDevice(e).IgnoreError();  // never filled
       s.host_used -= e.bytes;
       e.host.Reset();
     }
-#if ZO_HAVE_CUDA
-    if (!uploaded.ok() && e.has_device()) {
-      e.device = DeviceBuffer();
-      s.gpu_used -= e.bytes;
-    }
-#endif
   }
   return (loaded.ok() ? uploaded : loaded)
       .WithContext(StrCat("tensor store: ", loaded.ok() ? "uploading '" : "loading '", e.key, "'"));
@@ -582,7 +567,7 @@ TensorStore::~TensorStore() {
     std::unique_lock move_lock(e->move_mu);
     Impl::AwaitLoad(*e, move_lock).IgnoreError();
 #if ZO_HAVE_CUDA
-    if (e->upload_valid) e->upload.Wait().IgnoreError();
+    e->upload.Wait().IgnoreError();
 #endif
   }
 }
@@ -673,7 +658,7 @@ Status TensorStore::Unregister(const std::string& key) {
     std::unique_lock move_lock(e.move_mu);
     Impl::AwaitLoad(e, move_lock).IgnoreError();
 #if ZO_HAVE_CUDA
-    if (e.upload_valid) e.upload.Wait().IgnoreError();
+    e.upload.Wait().IgnoreError();
 #endif
   }
   if (!e.host.empty()) s.host_used -= e.bytes;

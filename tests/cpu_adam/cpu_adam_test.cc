@@ -311,6 +311,23 @@ TEST_P(EveryTarget, AdagradAndLionMatchFloat64Reference) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
 }
 
+TEST(CpuAdamTest, HyperFromConfig) {
+  auto lion = ParseConfig(
+      R"({"optimizer": {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99],
+                                                     "weight_decay": 0.1}}})");
+  ASSERT_TRUE(lion.ok()) << lion.status();
+  const AdamHyper h = HyperFromConfig(lion->optimizer);
+  EXPECT_EQ(h.rule, UpdateRule::kLion);
+  EXPECT_FLOAT_EQ(h.lr, 1e-4f);
+  EXPECT_FLOAT_EQ(h.beta2, 0.99f);
+  EXPECT_FLOAT_EQ(h.weight_decay, 0.1f);
+  EXPECT_TRUE(h.decoupled_weight_decay);
+  auto adam = ParseConfig(R"({"optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})");
+  ASSERT_TRUE(adam.ok()) << adam.status();
+  EXPECT_EQ(HyperFromConfig(adam->optimizer).rule, UpdateRule::kAdam);
+  EXPECT_FALSE(HyperFromConfig(adam->optimizer).decoupled_weight_decay);
+}
+
 std::vector<int64_t> CompiledTargets() { return hwy::SupportedAndGeneratedTargets(); }
 
 INSTANTIATE_TEST_SUITE_P(Simd, EveryTarget, ::testing::ValuesIn(CompiledTargets()),

@@ -34,89 +34,91 @@ Result<std::vector<AdamRecord>> RunAdamBench(const AdamBenchOptions& o) {
   ZO_ASSIGN_OR_RETURN(AlignedBuffer v,
                       AlignedBuffer::Allocate(AdamMomentBytes(StatePrecision::kFp32, n), 64, true));
   ZO_ASSIGN_OR_RETURN(AlignedBuffer copy, AlignedBuffer::Allocate(2 * n, 64, true));
-  int total = 0;
-  for (UpdateRule rule : o.rules) {
-    for (StatePrecision state : o.states) {
-      if (rule == UpdateRule::kAdam || state != StatePrecision::kInt8) total += 1;
-    }
-  }
-  total *= static_cast<int>(o.grad_dtypes.size() * o.copies.size());
-  Progress progress("adam", total);
-  std::vector<AdamRecord> records;
+  // Every setting asked for; int8 state is Adam's only.
+  struct Setting {
+    UpdateRule rule;
+    DType gd;
+    StatePrecision state;
+    ParamCopy cp;
+  };
+  std::vector<Setting> settings;
   for (UpdateRule rule : o.rules) {
     for (DType gd : o.grad_dtypes) {
       for (StatePrecision state : o.states) {
         if (rule != UpdateRule::kAdam && state == StatePrecision::kInt8) continue;
-        for (ParamCopy cp : o.copies) {
-          // Fresh, finite, non-trivial data for every setting: params ~ 1, grads ~ 1e-2.
-          auto* pf = p.as<float>();
-          for (size_t i = 0; i < n; ++i) pf[i] = 1.0f + static_cast<float>(i % 1021) * 1e-4f;
-          auto* gu = g.as<uint16_t>();
-          auto* gf = g.as<float>();
-          for (size_t i = 0; i < n; ++i) {
-            const float x = (static_cast<float>(i % 997) - 498.0f) * 2e-5f;
-            if (gd == DType::kFp32) {
-              gf[i] = x;
-            } else {
-              uint32_t b;
-              std::memcpy(&b, &x, 4);
-              // fp16 grads get fp16 bits of x (|x| < 0.01 is in range); bf16 the upper half.
-              gu[i] = gd == DType::kBf16 ? static_cast<uint16_t>(b >> 16)
-                                         : static_cast<uint16_t>(0x2000 + i % 997);
-            }
-          }
-          std::memset(m.data(), 0, m.size());
-          std::memset(v.data(), 0, v.size());
-          AdamShard shard;
-          shard.params = pf;
-          shard.n = n;
-          shard.state = state;
-          shard.m = m.data();
-          shard.v = v.data();
-          shard.grads = g.data();
-          shard.grad_dtype = gd;
-          shard.copy = cp;
-          shard.param_copy = cp == ParamCopy::kNone ? nullptr : copy.data();
-          AdamHyper h;
-          h.rule = rule;
-          h.weight_decay = 0.01f;
-          // Warm-up, then Adam steps and ceiling passes alternate, so that both see the same
-          // memory bandwidth (it drifts between and within processes).
-          ZO_RETURN_IF_ERROR(AdamUpdate(shard, h, 1.0f, threads));
-          AdamBandwidthCeiling(shard, threads, rule);
-          std::vector<double> adam_times, ceiling_times;
-          for (int i = 0; i < o.steps; ++i) {
-            h.step = 2 + i;
-            auto start = std::chrono::steady_clock::now();
-            ZO_RETURN_IF_ERROR(AdamUpdate(shard, h, 1.0f, threads));
-            adam_times.push_back(SecondsSince(start));
-            start = std::chrono::steady_clock::now();
-            AdamBandwidthCeiling(shard, threads, rule);
-            ceiling_times.push_back(SecondsSince(start));
-          }
-          const double adam = Median(adam_times);
-          const double ceiling = Median(ceiling_times);
-          AdamRecord r;
-          r.params = n;
-          r.threads = threads;
-          r.grad_dtype = gd;
-          r.state = state;
-          r.copy = cp;
-          r.rule = rule;
-          r.bytes_per_param = BytesPerParam(r);
-          r.seconds_per_step = adam;
-          r.gparams_per_s = static_cast<double>(n) / adam / 1e9;
-          r.gbps = static_cast<double>(n) * r.bytes_per_param / adam / 1e9;
-          r.ceiling_seconds = ceiling;
-          r.bandwidth_ratio = ceiling / adam;
-          r.target = CpuAdamTarget();
-          records.push_back(r);
-          progress.Step(StrCat(ToString(rule), ", grads ", ToString(gd), ", state ",
-                               ToString(state), ", copy ", ToString(cp), ": ", r.gparams_per_s,
-                               " Gparam/s, ", r.bandwidth_ratio, " of the bandwidth ceiling"));
-        }
+        for (ParamCopy cp : o.copies) settings.push_back({rule, gd, state, cp});
       }
     }
+  }
+  Progress progress("adam", static_cast<int>(settings.size()));
+  std::vector<AdamRecord> records;
+  for (const auto& [rule, gd, state, cp] : settings) {
+    // Fresh, finite, non-trivial data for every setting: params ~ 1, grads ~ 1e-2.
+    auto* pf = p.as<float>();
+    for (size_t i = 0; i < n; ++i) pf[i] = 1.0f + static_cast<float>(i % 1021) * 1e-4f;
+    auto* gu = g.as<uint16_t>();
+    auto* gf = g.as<float>();
+    for (size_t i = 0; i < n; ++i) {
+      const float x = (static_cast<float>(i % 997) - 498.0f) * 2e-5f;
+      if (gd == DType::kFp32) {
+        gf[i] = x;
+      } else {
+        uint32_t b;
+        std::memcpy(&b, &x, 4);
+        // fp16 grads get fp16 bits of x (|x| < 0.01 is in range); bf16 the upper half.
+        gu[i] = gd == DType::kBf16 ? static_cast<uint16_t>(b >> 16)
+                                   : static_cast<uint16_t>(0x2000 + i % 997);
+      }
+    }
+    std::memset(m.data(), 0, m.size());
+    std::memset(v.data(), 0, v.size());
+    AdamShard shard;
+    shard.params = pf;
+    shard.n = n;
+    shard.state = state;
+    shard.m = m.data();
+    shard.v = v.data();
+    shard.grads = g.data();
+    shard.grad_dtype = gd;
+    shard.copy = cp;
+    shard.param_copy = cp == ParamCopy::kNone ? nullptr : copy.data();
+    AdamHyper h;
+    h.rule = rule;
+    h.weight_decay = 0.01f;
+    // Warm-up, then Adam steps and ceiling passes alternate, so that both see the same
+    // memory bandwidth (it drifts between and within processes).
+    ZO_RETURN_IF_ERROR(AdamUpdate(shard, h, 1.0f, threads));
+    AdamBandwidthCeiling(shard, threads, rule);
+    std::vector<double> adam_times, ceiling_times;
+    for (int i = 0; i < o.steps; ++i) {
+      h.step = 2 + i;
+      auto start = std::chrono::steady_clock::now();
+      ZO_RETURN_IF_ERROR(AdamUpdate(shard, h, 1.0f, threads));
+      adam_times.push_back(SecondsSince(start));
+      start = std::chrono::steady_clock::now();
+      AdamBandwidthCeiling(shard, threads, rule);
+      ceiling_times.push_back(SecondsSince(start));
+    }
+    const double adam = Median(adam_times);
+    const double ceiling = Median(ceiling_times);
+    AdamRecord r;
+    r.params = n;
+    r.threads = threads;
+    r.grad_dtype = gd;
+    r.state = state;
+    r.copy = cp;
+    r.rule = rule;
+    r.bytes_per_param = BytesPerParam(r);
+    r.seconds_per_step = adam;
+    r.gparams_per_s = static_cast<double>(n) / adam / 1e9;
+    r.gbps = static_cast<double>(n) * r.bytes_per_param / adam / 1e9;
+    r.ceiling_seconds = ceiling;
+    r.bandwidth_ratio = ceiling / adam;
+    r.target = CpuAdamTarget();
+    records.push_back(r);
+    progress.Step(StrCat(ToString(rule), ", grads ", ToString(gd), ", state ", ToString(state),
+                         ", copy ", ToString(cp), ": ", r.gparams_per_s, " Gparam/s, ",
+                         r.bandwidth_ratio, " of the bandwidth ceiling"));
   }
   progress.Done();
   return records;
