@@ -1,7 +1,8 @@
 // Accuracy of the low-precision optimizer states on a real optimization problem: a small
 // MLP (32 -> 64 tanh -> 1) fitted by full-batch Adam to data from a random teacher network,
 // once per state precision (fp32, bf16, int8), everything else identical. Prints the training
-// loss every 50 steps as a table (and CSV with --csv FILE). docs/cpu_adam.md records it.
+// loss every 50 steps as a table (and CSV with --csv FILE); --seed S draws another teacher, data
+// set and initialization. docs/cpu_adam.md records it.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -20,8 +21,8 @@ struct Data {
   std::vector<float> x, y;
 };
 
-Data MakeData() {
-  std::mt19937 rng(1234);
+Data MakeData(unsigned seed) {
+  std::mt19937 rng(1234 + seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> w1(kTeacherHidden * kIn), w2(kTeacherHidden);
   for (float& w : w1) w = normal(rng) / std::sqrt(static_cast<float>(kIn));
@@ -77,8 +78,8 @@ double LossAndGrad(const Data& d, const std::vector<float>& p, std::vector<float
   return loss / kSamples;
 }
 
-std::vector<double> Train(const Data& d, zoffload::StatePrecision state) {
-  std::mt19937 rng(99);
+std::vector<double> Train(const Data& d, zoffload::StatePrecision state, unsigned seed) {
+  std::mt19937 rng(99 + seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> p(kParams), g(kParams);
   for (int i = 0; i < kHidden * kIn; ++i) p[i] = normal(rng) / std::sqrt(static_cast<float>(kIn));
@@ -110,21 +111,37 @@ std::vector<double> Train(const Data& d, zoffload::StatePrecision state) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Data d = MakeData();
-  const auto fp32 = Train(d, zoffload::StatePrecision::kFp32);
-  const auto bf16 = Train(d, zoffload::StatePrecision::kBf16);
-  const auto int8 = Train(d, zoffload::StatePrecision::kInt8);
-  std::printf("MLP %d-%d-1 (tanh), %d params, %d samples, full-batch AdamW lr 3e-3\n", kIn, kHidden,
-              kParams, kSamples);
+  unsigned seed = 0;
+  const char* csv = nullptr;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--seed") {
+      seed = static_cast<unsigned>(std::stoul(argv[i + 1]));
+    } else if (flag == "--csv") {
+      csv = argv[i + 1];
+    } else {
+      std::fprintf(stderr, "usage: adam_accuracy [--seed S] [--csv FILE]\n");
+      return 2;
+    }
+  }
+  const Data d = MakeData(seed);
+  const auto fp32 = Train(d, zoffload::StatePrecision::kFp32, seed);
+  const auto bf16 = Train(d, zoffload::StatePrecision::kBf16, seed);
+  const auto int8 = Train(d, zoffload::StatePrecision::kInt8, seed);
+  std::printf("MLP %d-%d-1 (tanh), %d params, %d samples, full-batch AdamW lr 3e-3, seed %u\n", kIn,
+              kHidden, kParams, kSamples, seed);
   std::printf("%6s %12s %12s %12s %10s %10s\n", "step", "fp32 state", "bf16 state", "int8 state",
               "bf16/fp32", "int8/fp32");
   for (size_t i = 0; i < fp32.size(); ++i) {
     std::printf("%6zu %12.6f %12.6f %12.6f %10.4f %10.4f\n", i * 50, fp32[i], bf16[i], int8[i],
                 bf16[i] / fp32[i], int8[i] / fp32[i]);
   }
-  if (argc == 3 && std::string(argv[1]) == "--csv") {
-    std::FILE* f = std::fopen(argv[2], "w");
-    if (f == nullptr) return 1;
+  if (csv != nullptr) {
+    std::FILE* f = std::fopen(csv, "w");
+    if (f == nullptr) {
+      std::perror(csv);
+      return 1;
+    }
     std::fprintf(f, "step,fp32,bf16,int8\n");
     for (size_t i = 0; i < fp32.size(); ++i)
       std::fprintf(f, "%zu,%g,%g,%g\n", i * 50, fp32[i], bf16[i], int8[i]);

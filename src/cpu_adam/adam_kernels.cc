@@ -12,11 +12,13 @@
 //    arithmetic wherever it sits.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu_adam/adam_kernels.cc"
+#include <hwy/cache_control.h>
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu_adam/adam_kernels.h"
 
@@ -123,24 +125,90 @@ HWY_INLINE VU32 RandomBits(DU32 du, VU32 lanes, uint32_t seed, size_t index) {
   return hn::Xor(x, hn::ShiftRight<16>(x));
 }
 
-// floor(x + u), u uniform in [0, 1) from the low 16 bits of `bits`, as int32: in 16.16 fixed
-// point, x scaled and truncated, the random fraction added, the integer part kept by an
-// arithmetic shift (a floor, also for negative x). |x| < 32768.
-HWY_INLINE hn::Vec<DI32> StochasticFloor(DF df, VF x, VU32 bits) {
-  const DU32 du;
-  const DI32 di;
-  const auto fixed = hn::ConvertTo(di, hn::Mul(x, hn::Set(df, 65536.0f)));
-  return hn::ShiftRight<16>(hn::Add(fixed, hn::BitCast(di, hn::And(bits, hn::Set(du, 0xFFFFu)))));
+// 1/sqrt(x) and 1/x to at least 12 bits: the hardware estimates where the target has them,
+// exact operations on the scalar and EMU128 targets (whose estimates are coarser).
+HWY_INLINE VF RsqrtEstimate(DF df, VF x) {
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  return hn::Div(hn::Set(df, 1.0f), hn::Sqrt(x));
+#else
+  (void)df;
+  return hn::ApproximateReciprocalSqrt(x);
+#endif
+}
+HWY_INLINE VF RcpEstimate(DF df, VF x) {
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  return hn::Div(hn::Set(df, 1.0f), x);
+#else
+  (void)df;
+  return hn::ApproximateReciprocal(x);
+#endif
 }
 
-// sqrt(x) to about 12 bits, for 8-bit codes: x * rsqrt(x), with x = 0 kept at 0.
-HWY_INLINE VF ApproxSqrt(DF df, VF x) {
-#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
-  (void)df;
-  return hn::Sqrt(x);
+// The next random vector from the last: one AES round where VAES makes it one instruction,
+// a step of xorshift32 in every lane elsewhere.
+HWY_INLINE VU32 NextRandom(VU32 x) {
+#if HWY_TARGET == HWY_AVX3_DL
+  return VU32{_mm512_aesenc_epi128(x.raw, _mm512_set1_epi32(static_cast<int>(0x9E3779B9u)))};
 #else
-  const VF safe = hn::Max(x, hn::Set(df, 1e-30f));
-  return hn::Mul(x, hn::ApproximateReciprocalSqrt(safe));
+  x = hn::Xor(x, hn::ShiftLeft<13>(x));
+  x = hn::Xor(x, hn::ShiftRight<17>(x));
+  return hn::Xor(x, hn::ShiftLeft<5>(x));
+#endif
+}
+
+// Stores the 8-bit codes floor(x + u) of two vectors (x0 then x1), for x = code * 65536
+// (16.16 fixed point) and u 16 random bits (0..65535 in the lane, the rest zero): a stochastic
+// rounding of the code, unbiased to 2^-16 of a step. Codes past the end (an estimate's error at
+// the block maximum) are clamped. T is int8_t (m) or uint8_t (v, whose x is never negative).
+template <typename T>
+HWY_INLINE void StoreStochasticCodes(DF df, VF x0, VU32 u0, VF x1, VU32 u1, T* p) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // AVX-512: a conversion that floors (Highway 1.0's ConvertTo truncates and adds an overflow
+  // fix-up), the clamp in one instruction, and the narrowing below.
+  constexpr float kEnd = std::is_signed_v<T> ? 127.0f * 65536.0f : 255.0f * 65536.0f;
+  const auto fixed = [](VF x, VU32 u) {
+    const __m512 end = _mm512_set1_ps(kEnd);
+    // signed: sign(x) min(|x|, end) (VRANGEPS); unsigned: min(x, end)
+    const __m512 clamped =
+        std::is_signed_v<T> ? _mm512_range_ps(x.raw, end, 0x02) : _mm512_min_ps(x.raw, end);
+    return _mm512_add_epi32(
+        _mm512_cvt_roundps_epi32(clamped, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC), u.raw);
+  };
+  const __m512i f0 = fixed(x0, u0), f1 = fixed(x1, u1);
+#if HWY_TARGET == HWY_AVX3_DL
+  // The code is byte 2 of each sum: one byte permutation (VBMI) gathers both vectors'.
+  const __m512i index =
+      _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                      0, 0, 0, 0, 0, 0, 126, 122, 118, 114, 110, 106, 102, 98, 94, 90, 86, 82, 78,
+                      74, 70, 66, 62, 58, 54, 50, 46, 42, 38, 34, 30, 26, 22, 18, 14, 10, 6, 2);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_castsi512_si256(_mm512_permutex2var_epi8(f0, index, f1)));
+#else
+  const __m512i q0 = _mm512_srai_epi32(f0, 16), q1 = _mm512_srai_epi32(f1, 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm512_cvtepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 16), _mm512_cvtepi32_epi8(q1));
+#endif
+  (void)df;
+#else
+  // Elsewhere: the conversion truncates toward zero, the arithmetic shift floors, the
+  // narrowing saturates.
+  const DI32 di;
+  const hn::Rebind<T, DF> d8;
+  const size_t N = hn::Lanes(df);
+  const auto code = [&](VF x, VU32 u) {
+    return hn::DemoteTo(d8, hn::ShiftRight<16>(hn::Add(hn::ConvertTo(di, x), hn::BitCast(di, u))));
+  };
+  hn::StoreU(code(x0, u0), d8, p);
+  hn::StoreU(code(x1, u1), d8, p + N);
+#endif
+}
+
+// acc = max(acc, |x|).
+HWY_INLINE VF MaxAbs(VF acc, VF x) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  return VF{_mm512_range_ps(acc.raw, x.raw, 0x0B)};  // VRANGEPS: larger magnitude, sign cleared
+#else
+  return hn::Max(acc, hn::Abs(x));
 #endif
 }
 
@@ -161,10 +229,9 @@ struct Coefs {
         gs(hn::Set(df, a.grad_scale)) {}
 };
 
-// One vector of the update: new m, v, p; returns sqrt(v) (the int8 path quantizes it).
-// Square root and division are exact IEEE operations. (Hardware estimates with a Newton step
-// were tried on the H200 host's AVX-512 cores: no gain, the loop is not divider-bound.)
-HWY_INLINE VF Update(const Coefs& c, VF g, VF& m, VF& v, VF& p) {
+// One vector of the update: new m, v, p. Square root and division are exact IEEE operations
+// (the fp32 path is memory-bound; the int8 path, which is not, uses estimates).
+HWY_INLINE void Update(const Coefs& c, VF g, VF& m, VF& v, VF& p) {
   g = hn::Mul(g, c.gs);
   g = hn::MulAdd(c.l2, p, g);  // coupled weight decay (l2 = 0 for AdamW)
   m = hn::MulAdd(m, c.b1, hn::Mul(g, c.omb1));
@@ -172,7 +239,6 @@ HWY_INLINE VF Update(const Coefs& c, VF g, VF& m, VF& v, VF& p) {
   const VF s = hn::Sqrt(v);
   const VF denom = hn::MulAdd(s, c.inv_sqrt_bc2, c.eps);
   p = hn::NegMulAdd(c.step, hn::Div(m, denom), hn::Mul(p, c.decay));
-  return s;
 }
 
 // Adagrad: v += g^2; p -= lr * g / (sqrt(v) + eps).
@@ -254,58 +320,107 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
 // caller). Companded codes keep small moments representable next to the block's largest:
 //   m: q = round(127 * sign(m) * sqrt(|m| / M)),  M = max |m| in the block;
 //   v: q = round(255 * (v / V)^(1/4)),             V^(1/4) = max v^(1/4) in the block.
-// Rounding is stochastic (unbiased in the code domain); the scales are stored as fp32.
+// Rounding is stochastic (unbiased in the code domain, 16 random bits per code); the scales
+// are stored as fp32. The codes cost arithmetic, not bytes, so this is written for few
+// operations: the square roots and the division come from the hardware estimates (relative
+// error below 2^-12, far under a code step), the decoding scales are folded into beta1 and
+// beta2, the random bits come from one cheap generator step per vector (NextRandom), and on
+// AVX-512 the codes are rounded, clamped and narrowed in a few instructions
+// (StoreStochasticCodes); the next block's loads are prefetched while the codes are computed.
 template <DType kG, ParamCopy kC>
 HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, int8_t* mq,
-                              uint8_t* vq, float* m_scale, float* v_scale, void* copy,
-                              size_t index_base, VU32 lanes) {
+                              uint8_t* vq, float* m_scale, float* v_scale, void* copy, size_t index,
+                              VU32 lanes, bool prefetch_next) {
   const DF df;
   const DU32 du;
   const DI32 di;
   const hn::Rebind<int8_t, DF> d8;
   const hn::Rebind<uint8_t, DF> du8;
   const size_t N = hn::Lanes(df);
-  const Coefs c(df, a);
   HWY_ALIGN float m_new[kInt8StateBlock];
   HWY_ALIGN float r_new[kInt8StateBlock];  // v^(1/4)
-  const VF m_deq = hn::Set(df, *m_scale);
-  const VF r_deq = hn::Set(df, *v_scale * (1.0f / 255.0f));
-  const VF inv127 = hn::Set(df, 1.0f / 127.0f);
+  // Decoding: m = (M / 127^2) * q|q|, v = (V^(1/4) / 255)^4 * q^4, folded into the betas.
+  const float r_deq = *v_scale * (1.0f / 255.0f);
+  const VF b1 = hn::Set(df, a.c.beta1 * *m_scale * (1.0f / (127.0f * 127.0f)));
+  const VF b2 = hn::Set(df, a.c.beta2 * (r_deq * r_deq) * (r_deq * r_deq));
+  // Coupled weight decay folds grad_scale into the gradient; otherwise into (1 - beta).
+  const bool coupled = a.c.l2 != 0.0f;
+  const float gs = a.grad_scale;
+  const VF gscale = hn::Set(df, gs), l2 = hn::Set(df, a.c.l2);
+  const VF omb1 = hn::Set(df, coupled ? a.c.one_minus_beta1 : a.c.one_minus_beta1 * gs);
+  const VF omb2 = hn::Set(df, coupled ? a.c.one_minus_beta2 : a.c.one_minus_beta2 * gs * gs);
+  // The step size divides the denominator: p' = p decay - m / (sqrt(v) c / step + eps / step).
+  // (lr = 0 makes both terms infinite, and the update m * 1/inf = 0, as sqrt(v) > 0 here.)
+  const float step = a.c.step_size;
+  const VF decay = hn::Set(df, a.c.decay);
+  const VF sqrt_coef = hn::Set(df, a.c.inv_sqrt_bc2 / step), eps = hn::Set(df, a.c.eps / step);
+  // v and the code computations add the smallest normal float, so no estimate sees a zero.
+  const VF tiny = hn::Set(df, 1.17549435e-38f);
   VF m_max = hn::Zero(df), r_max = hn::Zero(df);
-  for (size_t i = 0; i < kInt8StateBlock; i += N) {
-    VF pv = hn::LoadU(df, p + i);
-    const VF fm = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, mq + i))), inv127);
-    VF mv = hn::Mul(hn::Mul(fm, hn::Abs(fm)), m_deq);
-    const VF r = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(du8, vq + i))), r_deq);
-    const VF r2 = hn::Mul(r, r);
-    VF vv = hn::Mul(r2, r2);
-    const VF sq = Update(c, LoadGrad<kG>(df, g, i), mv, vv, pv);
-    hn::StoreU(pv, df, p + i);
-    StoreCopy<kC>(df, pv, copy, i);
-    const VF rn = ApproxSqrt(df, sq);
-    hn::Store(mv, df, m_new + i);
-    hn::Store(rn, df, r_new + i);
-    m_max = hn::Max(m_max, hn::Abs(mv));
-    r_max = hn::Max(r_max, rn);
+  const auto update = [&](auto kCoupled) {
+    for (size_t i = 0; i < kInt8StateBlock; i += N) {
+      VF pv = hn::LoadU(df, p + i);
+      const VF qm = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, mq + i)));
+      const VF qv = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(du8, vq + i)));
+      const VF qv2 = hn::Mul(qv, qv);
+      VF gv = LoadGrad<kG>(df, g, i);
+      if constexpr (kCoupled) gv = hn::MulAdd(l2, pv, hn::Mul(gv, gscale));
+      const VF m = hn::MulAdd(hn::Mul(qm, hn::Abs(qm)), b1, hn::Mul(gv, omb1));
+      const VF v = hn::MulAdd(hn::Mul(qv2, qv2), b2, hn::MulAdd(hn::Mul(gv, gv), omb2, tiny));
+      const VF rs = RsqrtEstimate(df, v);  // 1 / sqrt(v)
+      const VF inv_denom = RcpEstimate(df, hn::MulAdd(hn::Mul(v, rs), sqrt_coef, eps));
+      pv = hn::MulSub(pv, decay, hn::Mul(m, inv_denom));
+      hn::StoreU(pv, df, p + i);
+      StoreCopy<kC>(df, pv, copy, i);
+      const VF r = RsqrtEstimate(df, rs);  // v^(1/4)
+      hn::Store(m, df, m_new + i);
+      hn::Store(r, df, r_new + i);
+      m_max = MaxAbs(m_max, m);
+      r_max = hn::Max(r_max, r);
+    }
+  };
+  if (coupled) {
+    update(std::true_type{});
+  } else {
+    update(std::false_type{});
   }
   const float ms = hn::GetLane(hn::MaxOfLanes(df, m_max));
   const float rs = hn::GetLane(hn::MaxOfLanes(df, r_max));
   *m_scale = ms;
   *v_scale = rs;
-  const VF m_q = hn::Set(df, ms > 0 ? 1.0f / ms : 0.0f);
-  const VF r_q = hn::Set(df, rs > 0 ? 255.0f / rs : 0.0f);
-  const VF k127 = hn::Set(df, 127.0f);
-  for (size_t i = 0; i < kInt8StateBlock; i += N) {
-    const VU32 bits = RandomBits(du, lanes, a.seed, a.index_offset + index_base + i);
+  // Codes times 65536 (16.16 fixed point). m's: with K = 127 * 65536 and x = m / M,
+  // sign(m) K sqrt(|x|) = K x rsqrt(|x|) = (K / M) m rsqrt(|m| / M), where adding the smallest
+  // normal float keeps rsqrt finite (and the code 0) for m = 0. v's: r K' / V^(1/4),
+  // K' = 255 * 65536. Both factors stay finite: M is 0 or normal, V^(1/4) >= 2^-32.
+  constexpr float kM = 127.0f * 65536.0f, kV = 255.0f * 65536.0f;
+  const float inv_ms = ms > 0 ? 1.0f / ms : 0.0f;
+  const VF km = hn::Set(df, kM * inv_ms), km_root = hn::Set(df, inv_ms);
+  const VF kr = hn::Set(df, rs > 0 ? kV / rs : 0.0f);
+  const VU32 low16 = hn::Set(du, 0xFFFFu);
+  // Random bits depend on the block's first element index only: a murmur-style hash seeds the
+  // generator (made odd, so xorshift32 never starts from the zero state); one step per vector,
+  // its low 16 bits round m and its high 16 bits v.
+  VU32 random = hn::Or(RandomBits(du, lanes, a.seed, index), hn::Set(du, 1u));
+  const auto codes = [&](size_t i, VF* cm, VF* cr) {
+    if (prefetch_next) {  // this loop reads no memory: keep the next block's loads in flight
+      const size_t next = kInt8StateBlock + i;
+      hwy::Prefetch(p + next);
+      hwy::Prefetch(static_cast<const char*>(g) + next * DTypeBytes(kG));
+      hwy::Prefetch(mq + next);
+      hwy::Prefetch(vq + next);
+    }
     const VF m = hn::Load(df, m_new + i);
-    const VF cm = hn::CopySign(hn::Mul(ApproxSqrt(df, hn::Mul(hn::Abs(m), m_q)), k127), m);
-    // |cm| <= 127 and r * r_q <= 255 up to the square-root estimate's error: the saturating
-    // demotes below clamp the rare code that rounds one past the end.
-    const auto qm = StochasticFloor(df, cm, bits);
-    const auto qr =
-        StochasticFloor(df, hn::Mul(hn::Load(df, r_new + i), r_q), hn::ShiftRight<16>(bits));
-    hn::StoreU(hn::DemoteTo(d8, qm), d8, mq + i);
-    hn::StoreU(hn::DemoteTo(du8, qr), du8, vq + i);
+    *cm = hn::Mul(hn::Mul(m, km), RsqrtEstimate(df, hn::MulAdd(hn::Abs(m), km_root, tiny)));
+    *cr = hn::Mul(hn::Load(df, r_new + i), kr);
+  };
+  for (size_t i = 0; i < kInt8StateBlock; i += 2 * N) {  // the block is a multiple of 2N
+    const VU32 r0 = NextRandom(random);
+    random = NextRandom(r0);
+    VF cm0, cr0, cm1, cr1;
+    codes(i, &cm0, &cr0);
+    codes(i + N, &cm1, &cr1);
+    StoreStochasticCodes(df, cm0, hn::And(r0, low16), cm1, hn::And(random, low16), mq + i);
+    StoreStochasticCodes(df, cr0, hn::ShiftRight<16>(r0), cr1, hn::ShiftRight<16>(random), vq + i);
   }
 }
 
@@ -335,7 +450,8 @@ void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
       auto* vq = static_cast<uint8_t*>(a.v) + b;
       if (len == kInt8StateBlock) {
         AdamInt8Block<kG, kC>(a, a.p + b, At<char>(g, gb, b), mq, vq, ms, vs,
-                              kC == ParamCopy::kNone ? nullptr : At<char>(a.copy, cb, b), b, lanes);
+                              kC == ParamCopy::kNone ? nullptr : At<char>(a.copy, cb, b),
+                              a.index_offset + b, lanes, b + 2 * kInt8StateBlock <= end);
         continue;
       }
       // A partial last block: zero-padded copies through the same code.
@@ -348,7 +464,7 @@ void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
       std::memcpy(gp, At<char>(g, gb, b), len * gb);
       std::memcpy(mp, mq, len);
       std::memcpy(vp, vq, len);
-      AdamInt8Block<kG, kC>(a, p, gp, mp, vp, ms, vs, cp, b, lanes);
+      AdamInt8Block<kG, kC>(a, p, gp, mp, vp, ms, vs, cp, a.index_offset + b, lanes, false);
       std::memcpy(a.p + b, p, len * 4);
       std::memcpy(mq, mp, len);
       std::memcpy(vq, vp, len);

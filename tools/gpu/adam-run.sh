@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, after tools/gpu/run-gpu-tests.sh has built build-gpu: CPU optimizer
-# benchmarks (every precision path, the rules, torch's fused AdamW anchor, binding on/off),
+# benchmarks (every precision path, the rules, torch's fused AdamW anchor),
 # their JSON written to $1.
 #   tools/gpu/run-gpu-tests.sh tools/gpu/adam-run.sh OUTDIR
 set -uo pipefail
@@ -18,9 +18,3 @@ $bench adam --params 256M --grad-dtype fp32,bf16 --state fp32,bf16,int8 --param-
 echo "== rules"
 $bench adam --params 256M --grad-dtype bf16 --state fp32,bf16 --param-copy bf16 \
   --rule adam,adagrad,lion --steps 7 --json "$out/adam_rules.json" 2>/dev/null | tail -8
-echo "== fp32, threads unbound (default) and bound to cores, alternating processes"
-for i in 1 2 3; do
-  for flag in "" --bind; do
-    echo -n "${flag:-unbound} "; $bench adam --params 256M --steps 7 $flag 2>/dev/null | tail -2 | head -1
-  done
-done
