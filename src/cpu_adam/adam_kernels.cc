@@ -125,6 +125,66 @@ HWY_INLINE VU32 RandomBits(DU32 du, VU32 lanes, uint32_t seed, size_t index) {
   return hn::Xor(x, hn::ShiftRight<16>(x));
 }
 
+// Random bits for the bf16 state's stochastic rounding, a function of (seed, element index)
+// only: Next() returns those of the next N elements, starting at element `first`.
+#if HWY_TARGET == HWY_AVX3_DL
+// With VAES: two AES rounds over the aligned group of 16 indices holding an element (each round
+// one instruction for 16 lanes, against two 32-bit multiplies and six more operations for the
+// hash); a range that starts inside a group takes its lanes from two groups by one permutation.
+class ElementRandom {
+ public:
+  ElementRandom(VU32 lanes, uint32_t seed, uint64_t first)
+      : lanes_(lanes.raw),
+        seed_(seed),
+        group_(static_cast<uint32_t>(first & ~uint64_t{15})),
+        shift_(static_cast<uint32_t>(first & 15)),
+        select_(_mm512_add_epi32(lanes.raw, _mm512_set1_epi32(static_cast<int>(shift_)))),
+        low_(Group(group_)) {}
+
+  VU32 Next() {
+    group_ += 16;
+    if (shift_ == 0) {
+      const __m512i r = low_;
+      low_ = Group(group_);
+      return VU32{r};
+    }
+    const __m512i high = Group(group_);
+    const __m512i r = _mm512_permutex2var_epi32(low_, select_, high);
+    low_ = high;
+    return VU32{r};
+  }
+
+ private:
+  __m512i Group(uint32_t first) const {
+    const __m512i key = _mm512_set1_epi32(static_cast<int>(0x9E3779B9u));
+    const __m512i x = _mm512_add_epi32(lanes_, _mm512_set1_epi32(static_cast<int>(first + seed_)));
+    return _mm512_aesenc_epi128(_mm512_aesenc_epi128(x, key), key);
+  }
+
+  __m512i lanes_;
+  uint32_t seed_, group_, shift_;
+  __m512i select_, low_;
+};
+#else
+// Elsewhere: the murmur-style hash of each element's index.
+class ElementRandom {
+ public:
+  ElementRandom(VU32 lanes, uint32_t seed, uint64_t first)
+      : lanes_(lanes), seed_(seed), next_(first) {}
+
+  VU32 Next() {
+    const VU32 r = RandomBits(DU32(), lanes_, seed_, next_);
+    next_ += hn::Lanes(DU32());
+    return r;
+  }
+
+ private:
+  VU32 lanes_;
+  uint32_t seed_;
+  uint64_t next_;
+};
+#endif
+
 // 1/sqrt(x) and 1/x to at least 12 bits: the hardware estimates where the target has them,
 // exact operations on the scalar and EMU128 targets (whose estimates are coarser).
 HWY_INLINE VF RsqrtEstimate(DF df, VF x) {
@@ -290,8 +350,8 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
   const DU32 du;
   const size_t N = hn::Lanes(df);
   const Coefs c(df, a);
-  const VU32 lanes = hn::Iota(du, 0);
   constexpr bool kUsesM = kR != UpdateRule::kAdagrad, kUsesV = kR != UpdateRule::kLion;
+  ElementRandom random(hn::Iota(du, 0), a.seed, a.index_offset + index_base + begin);
   for (size_t i = begin; i < end; i += N) {
     VF pv = hn::LoadU(df, p + i);
     VF mv = kUsesM ? LoadMoment<kS>(df, m, i) : hn::Zero(df);
@@ -305,11 +365,9 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
       LionUpdate(c, gv, mv, pv);
     }
     hn::StoreU(pv, df, p + i);
-    // bf16: one hash per lane; its low 16 bits round m, its high 16 bits round v.
+    // bf16: 32 random bits per element; the low 16 round m, the high 16 round v.
     VU32 rm = hn::Zero(du);
-    if constexpr (kS == StatePrecision::kBf16) {
-      rm = RandomBits(du, lanes, a.seed, a.index_offset + index_base + i);
-    }
+    if constexpr (kS == StatePrecision::kBf16) rm = random.Next();
     if constexpr (kUsesM) StoreMoment<kS>(df, mv, m, i, rm);
     if constexpr (kUsesV) StoreMoment<kS>(df, vv, v, i, hn::ShiftRight<16>(rm));
     StoreCopy<kC>(df, pv, copy, i);

@@ -394,9 +394,9 @@ TEST(CpuAdamTest, WorkersAreBoundToCoresWhenAsked) {
   EXPECT_EQ(WorkerCpus(2, 1), all);
 }
 
-// A tensor updated in two pieces (index_offset set) gets the bits of a one-piece update,
-// stochastic rounding included.
-TEST(CpuAdamTest, PieceByPieceEqualsWhole) {
+// A tensor updated in two pieces (index_offset set; the second starts inside a vector and an
+// aligned group of 16) gets the bits of a one-piece update, stochastic rounding included.
+TEST_P(EveryTarget, PieceByPieceEqualsWhole) {
   for (StatePrecision state : {StatePrecision::kFp32, StatePrecision::kBf16}) {
     const size_t n = 3 * 16384 + 1000, split = 20007;
     const size_t sb = state == StatePrecision::kFp32 ? 4 : 2;
