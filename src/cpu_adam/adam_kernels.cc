@@ -218,19 +218,18 @@ HWY_INLINE VU32 NextRandom(VU32 x) {
 
 // Stores the 8-bit codes floor(x + u) of two vectors (x0 then x1), for x = code * 65536
 // (16.16 fixed point) and u 16 random bits (0..65535 in the lane, the rest zero): a stochastic
-// rounding of the code, unbiased to 2^-16 of a step. Codes past the end (an estimate's error at
-// the block maximum) are clamped. T is int8_t (m) or uint8_t (v, whose x is never negative).
+// rounding of the code, unbiased to 2^-16 of a step. m's codes past the end (an estimate's error
+// at the block maximum) are clamped; v's are built to stay below it. T is int8_t (m) or uint8_t
+// (v, whose x is never negative).
 template <typename T>
 HWY_INLINE void StoreStochasticCodes(DF df, VF x0, VU32 u0, VF x1, VU32 u1, T* p) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   // AVX-512: a conversion that floors (Highway 1.0's ConvertTo truncates and adds an overflow
-  // fix-up), the clamp in one instruction, and the narrowing below.
-  constexpr float kEnd = std::is_signed_v<T> ? 127.0f * 65536.0f : 255.0f * 65536.0f;
+  // fix-up), m's clamp in one instruction (VRANGEPS: sign(x) min(|x|, end)), and the narrowing.
   const auto fixed = [](VF x, VU32 u) {
-    const __m512 end = _mm512_set1_ps(kEnd);
-    // signed: sign(x) min(|x|, end) (VRANGEPS); unsigned: min(x, end)
-    const __m512 clamped =
-        std::is_signed_v<T> ? _mm512_range_ps(x.raw, end, 0x02) : _mm512_min_ps(x.raw, end);
+    const __m512 clamped = std::is_signed_v<T>
+                               ? _mm512_range_ps(x.raw, _mm512_set1_ps(127.0f * 65536.0f), 0x02)
+                               : x.raw;
     return _mm512_add_epi32(
         _mm512_cvt_roundps_epi32(clamped, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC), u.raw);
   };
@@ -457,25 +456,29 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
   constexpr float kM = 127.0f * 65536.0f, kV = 255.0f * 65536.0f;
   const float inv_ms = ms > 0 ? 1.0f / ms : 0.0f;
   const VF km = hn::Set(df, kM * inv_ms), km_root = hn::Set(df, inv_ms);
-  const VF kr = hn::Set(df, rs > 0 ? kV / rs : 0.0f);
+  // v's codes stay 16/65536 of a step below the end: r <= V^(1/4) exactly (the same values),
+  // and the margin covers the product's rounding, so they need no clamp.
+  const VF kr = hn::Set(df, rs > 0 ? (kV - 16.0f) / rs : 0.0f);
   const VU32 low16 = hn::Set(du, 0xFFFFu);
   // Random bits depend on the block's first element index only: a murmur-style hash seeds the
   // generator (made odd, so xorshift32 never starts from the zero state); one step per vector,
   // its low 16 bits round m and its high 16 bits v.
   VU32 random = hn::Or(RandomBits(du, lanes, a.seed, index), hn::Set(du, 1u));
   const auto codes = [&](size_t i, VF* cm, VF* cr) {
-    if (prefetch_ahead) {  // this loop reads no memory: keep a later block's loads in flight
-      const size_t next = kInt8PrefetchBlocks * kInt8StateBlock + i;
-      hwy::Prefetch(p + next);
-      hwy::Prefetch(static_cast<const char*>(g) + next * DTypeBytes(kG));
-      hwy::Prefetch(mq + next);
-      hwy::Prefetch(vq + next);
-    }
     const VF m = hn::Load(df, m_new + i);
     *cm = hn::Mul(hn::Mul(m, km), RsqrtEstimate(df, hn::MulAdd(hn::Abs(m), km_root, tiny)));
     *cr = hn::Mul(hn::Load(df, r_new + i), kr);
   };
+  const size_t gb = DTypeBytes(kG);
   for (size_t i = 0; i < kInt8StateBlock; i += 2 * N) {  // the block is a multiple of 2N
+    if (prefetch_ahead) {  // this loop reads no memory: keep a later block's loads in flight
+      const size_t next = kInt8PrefetchBlocks * kInt8StateBlock + i;  // 2N elements from there
+      for (size_t b = 0; b < 8 * N; b += 64) hwy::Prefetch(reinterpret_cast<char*>(p + next) + b);
+      for (size_t b = 0; b < 2 * N * gb; b += 64)
+        hwy::Prefetch(static_cast<const char*>(g) + next * gb + b);
+      hwy::Prefetch(mq + next);
+      hwy::Prefetch(vq + next);
+    }
     const VU32 r0 = NextRandom(random);
     random = NextRandom(r0);
     VF cm0, cr0, cm1, cr1;
