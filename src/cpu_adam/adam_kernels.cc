@@ -351,6 +351,9 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
   const Coefs c(df, a);
   constexpr bool kUsesM = kR != UpdateRule::kAdagrad, kUsesV = kR != UpdateRule::kLion;
   ElementRandom random(hn::Iota(du, 0), a.seed, a.index_offset + index_base + begin);
+  // Unrolled: more loads in flight per core (dev, 2 cores: fp32 state 0.97 -> 1.03 of the
+  // ceiling, bf16 state 0.94 -> 1.05; the int8 block loop, compute-bound, gains nothing).
+#pragma GCC unroll 8
   for (size_t i = begin; i < end; i += N) {
     VF pv = hn::LoadU(df, p + i);
     VF mv = kUsesM ? LoadMoment<kS>(df, m, i) : hn::Zero(df);
@@ -617,42 +620,85 @@ void AdamRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
 // rule uses read and written; copy written), with one XOR per vector instead of Adam's arithmetic.
 // The value XOR'ed in is masked by a.ceiling_mask, 0 at run time: the data stays intact (an update
 // run after it sees real numbers, not bit noise that could be denormal), yet the compiler cannot
-// drop the loads and stores.
-void BandwidthRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
+// drop the loads and stores. All streams are walked together, as the update does, in units of L
+// elements (kGb vectors of grads, 4 of params, kSb each of m and v, kCb of the copy), every
+// count a compile-time constant so that the loop body is straight-line code.
+template <size_t kGb, size_t kSb, size_t kCb, bool kM, bool kV>
+void BandwidthUnits(const uint8_t* g, uint8_t* p, uint8_t* m, uint8_t* v, uint8_t* c, size_t units,
+                    uint8_t mask_byte) {
   const hn::ScalableTag<uint8_t> d8;
   const size_t L = hn::Lanes(d8);
+  const auto mask = hn::Set(d8, mask_byte);
+  using V = decltype(hn::Zero(d8));
+  V acc = hn::Zero(d8);
+  for (size_t u = 0; u < units; ++u) {
+    // Every load of the unit before its stores, as the update does: a store followed by a load
+    // 4 KiB apart (the buffers are huge-page aligned) would stall on the address alias.
+    for (size_t k = 0; k < kGb; ++k) acc = hn::Xor(acc, hn::LoadU(d8, g + (u * kGb + k) * L));
+    acc = hn::And(acc, mask);
+    V pv[4], mv[kSb], vv[kSb];
+    for (size_t k = 0; k < 4; ++k) pv[k] = hn::LoadU(d8, p + (u * 4 + k) * L);
+    for (size_t k = 0; k < kSb; ++k) {
+      if constexpr (kM) mv[k] = hn::LoadU(d8, m + (u * kSb + k) * L);
+      if constexpr (kV) vv[k] = hn::LoadU(d8, v + (u * kSb + k) * L);
+    }
+    for (size_t k = 0; k < 4; ++k) hn::StoreU(hn::Xor(pv[k], acc), d8, p + (u * 4 + k) * L);
+    for (size_t k = 0; k < kSb; ++k) {
+      if constexpr (kM) hn::StoreU(hn::Xor(mv[k], acc), d8, m + (u * kSb + k) * L);
+      if constexpr (kV) hn::StoreU(hn::Xor(vv[k], acc), d8, v + (u * kSb + k) * L);
+    }
+    for (size_t k = 0; k < kCb; ++k) hn::StoreU(acc, d8, c + (u * kCb + k) * L);
+  }
+}
+
+template <size_t k>
+using Size = std::integral_constant<size_t, k>;
+
+void BandwidthRangeImpl(const AdamKernelArgs& a, size_t begin, size_t end) {
+  const size_t L = hn::Lanes(hn::ScalableTag<uint8_t>());
   const size_t gb = DTypeBytes(a.grad_type);
   const size_t sb = StateBytes(a.state);
   const size_t cb = CopyBytes(a.copy_type);
-  const size_t n = end - begin;
   const auto* g = static_cast<const uint8_t*>(a.g) + begin * gb;
   auto* p = reinterpret_cast<uint8_t*>(a.p + begin);
   const bool uses_m = a.rule != UpdateRule::kAdagrad, uses_v = a.rule != UpdateRule::kLion;
   auto* m = uses_m ? static_cast<uint8_t*>(a.m) + begin * sb : nullptr;
   auto* v = uses_v ? static_cast<uint8_t*>(a.v) + begin * sb : nullptr;
   auto* c = cb != 0 ? static_cast<uint8_t*>(a.copy) + begin * cb : nullptr;
-  // Walk all streams together, as the update does, in units of L elements: gb vectors of
-  // grads, 4 of params, sb each of m and v, cb of the copy.
-  auto acc = hn::Zero(d8);
-  const auto mask = hn::Set(d8, a.ceiling_mask);
-  for (size_t u = 0; u < n / L; ++u) {
-    for (size_t k = 0; k < gb; ++k) acc = hn::Xor(acc, hn::LoadU(d8, g + (u * gb + k) * L));
-    acc = hn::And(acc, mask);
-    for (size_t k = 0; k < 4; ++k) {
-      uint8_t* q = p + (u * 4 + k) * L;
-      hn::StoreU(hn::Xor(hn::LoadU(d8, q), acc), d8, q);
+  const auto run = [&](auto kGb, auto kSb, auto kCb, auto kM, auto kV) {
+    BandwidthUnits<decltype(kGb)::value, decltype(kSb)::value, decltype(kCb)::value,
+                   decltype(kM)::value, decltype(kV)::value>(g, p, m, v, c, (end - begin) / L,
+                                                             a.ceiling_mask);
+  };
+  const auto with_moments = [&](auto kGb, auto kSb, auto kCb) {
+    if (uses_m && uses_v) {
+      run(kGb, kSb, kCb, std::true_type{}, std::true_type{});
+    } else if (uses_m) {
+      run(kGb, kSb, kCb, std::true_type{}, std::false_type{});
+    } else {
+      run(kGb, kSb, kCb, std::false_type{}, std::true_type{});
     }
-    for (size_t k = 0; k < sb; ++k) {
-      if (uses_m) {
-        uint8_t* qm = m + (u * sb + k) * L;
-        hn::StoreU(hn::Xor(hn::LoadU(d8, qm), acc), d8, qm);
-      }
-      if (uses_v) {
-        uint8_t* qv = v + (u * sb + k) * L;
-        hn::StoreU(hn::Xor(hn::LoadU(d8, qv), acc), d8, qv);
-      }
+  };
+  const auto with_copy = [&](auto kGb, auto kSb) {
+    if (cb == 0) {
+      with_moments(kGb, kSb, Size<0>{});
+    } else {
+      with_moments(kGb, kSb, Size<2>{});
     }
-    for (size_t k = 0; k < cb; ++k) hn::StoreU(acc, d8, c + (u * cb + k) * L);
+  };
+  const auto with_state = [&](auto kGb) {
+    if (sb == 1) {
+      with_copy(kGb, Size<1>{});
+    } else if (sb == 2) {
+      with_copy(kGb, Size<2>{});
+    } else {
+      with_copy(kGb, Size<4>{});
+    }
+  };
+  if (gb == 2) {
+    with_state(Size<2>{});
+  } else {
+    with_state(Size<4>{});
   }
 }
 
