@@ -384,11 +384,12 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
 // are stored as fp32. The codes cost arithmetic, not bytes, so this is written for few
 // operations: the square roots and the division come from the hardware estimates (relative
 // error below 2^-12, far under a code step), the decoding scales are folded into beta1 and
-// beta2, the random bits come from one cheap generator step per vector (NextRandom), and on
+// beta2 and the step size into the denominator, the random bits come from one cheap generator
+// step per vector (NextRandom), and on
 // AVX-512 the codes are rounded, clamped and narrowed in a few instructions
-// (StoreStochasticCodes); the next block's loads are prefetched while the codes are computed.
-// While block b's codes are computed, block b + kInt8PrefetchBlocks is prefetched (2: measured
-// best on the H200 host against 1 and 4, 0.91-0.97 of the ceiling).
+// (StoreStochasticCodes). While block b's codes are computed (a loop that reads no memory),
+// block b + kInt8PrefetchBlocks is prefetched (2: measured best on the H200 host against 1 and
+// 4, 0.91-0.97 of the ceiling).
 constexpr size_t kInt8PrefetchBlocks = 2;
 
 template <DType kG, ParamCopy kC>
@@ -474,7 +475,7 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
   };
   const size_t gb = DTypeBytes(kG);
   for (size_t i = 0; i < kInt8StateBlock; i += 2 * N) {  // the block is a multiple of 2N
-    if (prefetch_ahead) {  // this loop reads no memory: keep a later block's loads in flight
+    if (prefetch_ahead) {
       const size_t next = kInt8PrefetchBlocks * kInt8StateBlock + i;  // 2N elements from there
       for (size_t b = 0; b < 8 * N; b += 64) hwy::Prefetch(reinterpret_cast<char*>(p + next) + b);
       for (size_t b = 0; b < 2 * N * gb; b += 64)
