@@ -12,9 +12,11 @@ echo "== cpu_adam tests"; build-gpu/tests/cpu_adam_test --gtest_brief=1 2>&1 | t
 echo "== torch anchor"
 python3 bench/adam_vs_torch.py --params 256M --steps 7 --build build-gpu \
   --json "$out/adam_vs_torch.json" 2>&1 | tail -8
-echo "== every path"
-$bench adam --params 256M --grad-dtype fp32,bf16 --state fp32,bf16,int8 --param-copy none,bf16 \
-  --steps 7 --json "$out/adam_paths.json" 2>/dev/null | tail -15
+echo "== every path, three processes"
+for i in 1 2 3; do
+  $bench adam --params 256M --grad-dtype fp32,bf16 --state fp32,bf16,int8 --param-copy none,bf16 \
+    --steps 15 --json "$out/adam_paths_round$i.json" 2>/dev/null | tail -14
+done
 echo "== rules"
 $bench adam --params 256M --grad-dtype bf16 --state fp32,bf16 --param-copy bf16 \
   --rule adam,adagrad,lion --steps 7 --json "$out/adam_rules.json" 2>/dev/null | tail -8
