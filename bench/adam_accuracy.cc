@@ -110,6 +110,18 @@ std::vector<double> Train(const Data& d, zoffload::StatePrecision state, unsigne
   return losses;
 }
 
+// The loss curves of the three state precisions on the problem drawn from `seed`.
+struct Curves {
+  std::vector<double> fp32, bf16, int8;
+};
+
+Curves TrainAll(unsigned seed) {
+  const Data d = MakeData(seed);
+  return {Train(d, zoffload::StatePrecision::kFp32, seed),
+          Train(d, zoffload::StatePrecision::kBf16, seed),
+          Train(d, zoffload::StatePrecision::kInt8, seed)};
+}
+
 // Runs seeds 0..seeds-1; prints mean |ln(state loss / fp32 loss)| over the steps after 0, and
 // the mean and largest at the last step.
 void SeedSummary(unsigned seeds) {
@@ -118,11 +130,10 @@ void SeedSummary(unsigned seeds) {
     size_t points = 0;
   } bf16_dev, int8_dev;
   for (unsigned seed = 0; seed < seeds; ++seed) {
-    const Data d = MakeData(seed);
-    const auto fp32 = Train(d, zoffload::StatePrecision::kFp32, seed);
+    const Curves c = TrainAll(seed);
     const auto add = [&](Deviation& dev, const std::vector<double>& losses) {
       for (size_t i = 1; i < losses.size(); ++i) {
-        const double x = std::fabs(std::log(losses[i] / fp32[i]));
+        const double x = std::fabs(std::log(losses[i] / c.fp32[i]));
         dev.all += x;
         ++dev.points;
         if (i + 1 == losses.size()) {
@@ -131,8 +142,8 @@ void SeedSummary(unsigned seeds) {
         }
       }
     };
-    add(bf16_dev, Train(d, zoffload::StatePrecision::kBf16, seed));
-    add(int8_dev, Train(d, zoffload::StatePrecision::kInt8, seed));
+    add(bf16_dev, c.bf16);
+    add(int8_dev, c.int8);
     std::fprintf(stderr, "seed %u of %u done\n", seed + 1, seeds);
   }
   std::printf(
@@ -166,10 +177,7 @@ int main(int argc, char** argv) {
     SeedSummary(seeds);
     return 0;
   }
-  const Data d = MakeData(seed);
-  const auto fp32 = Train(d, zoffload::StatePrecision::kFp32, seed);
-  const auto bf16 = Train(d, zoffload::StatePrecision::kBf16, seed);
-  const auto int8 = Train(d, zoffload::StatePrecision::kInt8, seed);
+  const auto [fp32, bf16, int8] = TrainAll(seed);
   std::printf("MLP %d-%d-1 (tanh), %d params, %d samples, full-batch AdamW lr 3e-3, seed %u\n", kIn,
               kHidden, kParams, kSamples, seed);
   std::printf("%6s %12s %12s %12s %10s %10s\n", "step", "fp32 state", "bf16 state", "int8 state",

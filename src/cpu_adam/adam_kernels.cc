@@ -125,6 +125,11 @@ HWY_INLINE VU32 RandomBits(DU32 du, VU32 lanes, uint32_t seed, size_t index) {
   return hn::Xor(x, hn::ShiftRight<16>(x));
 }
 
+#if HWY_TARGET == HWY_AVX3_DL
+// The round key of the AES-round generators below (any constant mixes; this is 2^32 / phi).
+HWY_INLINE __m512i AesKey() { return _mm512_set1_epi32(static_cast<int>(0x9E3779B9u)); }
+#endif
+
 // Random bits for the bf16 state's stochastic rounding, a function of (seed, element index)
 // only: Next() returns those of the next N elements, starting at element `first`.
 #if HWY_TARGET == HWY_AVX3_DL
@@ -156,9 +161,8 @@ class ElementRandom {
 
  private:
   __m512i Group(uint32_t first) const {
-    const __m512i key = _mm512_set1_epi32(static_cast<int>(0x9E3779B9u));
     const __m512i x = _mm512_add_epi32(lanes_, _mm512_set1_epi32(static_cast<int>(first + seed_)));
-    return _mm512_aesenc_epi128(_mm512_aesenc_epi128(x, key), key);
+    return _mm512_aesenc_epi128(_mm512_aesenc_epi128(x, AesKey()), AesKey());
   }
 
   __m512i lanes_;
@@ -208,7 +212,7 @@ HWY_INLINE VF RcpEstimate(DF df, VF x) {
 // a step of xorshift32 in every lane elsewhere.
 HWY_INLINE VU32 NextRandom(VU32 x) {
 #if HWY_TARGET == HWY_AVX3_DL
-  return VU32{_mm512_aesenc_epi128(x.raw, _mm512_set1_epi32(static_cast<int>(0x9E3779B9u)))};
+  return VU32{_mm512_aesenc_epi128(x.raw, AesKey())};
 #else
   x = hn::Xor(x, hn::ShiftLeft<13>(x));
   x = hn::Xor(x, hn::ShiftRight<17>(x));
