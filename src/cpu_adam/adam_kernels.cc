@@ -23,6 +23,11 @@
 #include "cpu_adam/adam_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
+#if HWY_TARGET == HWY_AVX3_DL
+// Highway 1.0's AVX3_DL requires AVX512-VNNI at run time but names only the VEX form (avxvnni)
+// in its compile flags; AddRandomWord uses the 512-bit form.
+#pragma GCC target("avx512vnni")
+#endif
 namespace zoffload::internal {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
@@ -220,24 +225,38 @@ HWY_INLINE VU32 NextRandom(VU32 x) {
 #endif
 }
 
-// Stores the 8-bit codes floor(x + u) of two vectors (x0 then x1), for x = code * 65536
-// (16.16 fixed point) and u 16 random bits (0..65535 in the lane, the rest zero): a stochastic
-// rounding of the code, unbiased to 2^-16 of a step. m's codes past the end (an estimate's error
-// at the block maximum) are clamped; v's are built to stay below it. T is int8_t (m) or uint8_t
-// (v, whose x is never negative).
-template <typename T>
-HWY_INLINE void StoreStochasticCodes(DF df, VF x0, VU32 u0, VF x1, VU32 u1, T* p) {
+// w + the signed 16-bit word kWord (0: low, 1: high) of each lane of r, a uniform integer in
+// [-32768, 32767]: one VNNI multiply-add (by 1 in that word, 0 in the other) where AVX3_DL has it.
+template <int kWord>
+HWY_INLINE hn::Vec<DI32> AddRandomWord(hn::Vec<DI32> w, VU32 r) {
+#if HWY_TARGET == HWY_AVX3_DL
+  return hn::Vec<DI32>{
+      _mm512_dpwssd_epi32(w.raw, r.raw, _mm512_set1_epi32(kWord == 0 ? 1 : 0x10000))};
+#else
+  const DI32 di;
+  const auto ri = hn::BitCast(di, r);
+  return hn::Add(w, hn::ShiftRight<16>(kWord == 0 ? hn::ShiftLeft<16>(ri) : ri));
+#endif
+}
+
+// Stores the 8-bit codes of two vectors (x0 then x1), for x = code * 65536 + 32768 (16.16 fixed
+// point, offset by one half): floor(x + s) >> 16 with s the signed random word kWord of the
+// lane, i.e. floor(code + u) for u uniform on [0, 1) in steps of 2^-16 — a stochastic rounding
+// unbiased to 2^-16 of a step. The codes are built to stay inside [-127, 127] (m, T = int8_t)
+// or [0, 255] (v, T = uint8_t), so no clamp is needed on AVX-512; elsewhere the narrowing
+// saturates anyway.
+template <typename T, int kWord>
+HWY_INLINE void StoreStochasticCodes(DF df, VF x0, VU32 r0, VF x1, VU32 r1, T* p) {
+  const DI32 di;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   // AVX-512: a conversion that floors (Highway 1.0's ConvertTo truncates and adds an overflow
-  // fix-up), m's clamp in one instruction (VRANGEPS: sign(x) min(|x|, end)), and the narrowing.
-  const auto fixed = [](VF x, VU32 u) {
-    const __m512 clamped = std::is_signed_v<T>
-                               ? _mm512_range_ps(x.raw, _mm512_set1_ps(127.0f * 65536.0f), 0x02)
-                               : x.raw;
-    return _mm512_add_epi32(
-        _mm512_cvt_roundps_epi32(clamped, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC), u.raw);
+  // fix-up), then the narrowing.
+  const auto fixed = [&](VF x, VU32 r) {
+    const hn::Vec<DI32> f{
+        _mm512_cvt_roundps_epi32(x.raw, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)};
+    return AddRandomWord<kWord>(f, r).raw;
   };
-  const __m512i f0 = fixed(x0, u0), f1 = fixed(x1, u1);
+  const __m512i f0 = fixed(x0, r0), f1 = fixed(x1, r1);
 #if HWY_TARGET == HWY_AVX3_DL
   // The code is byte 2 of each sum: one byte permutation (VBMI) gathers both vectors'.
   const __m512i index =
@@ -252,21 +271,21 @@ HWY_INLINE void StoreStochasticCodes(DF df, VF x0, VU32 u0, VF x1, VU32 u1, T* p
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 16), _mm512_cvtepi32_epi8(q1));
 #endif
   (void)df;
+  (void)di;
 #else
-  // Elsewhere: the conversion truncates toward zero, the arithmetic shift floors, the
-  // narrowing saturates.
-  const DI32 di;
+  // Elsewhere: the conversion truncates toward zero (for negative m, a bias of 2^-16 of a step
+  // at most), the arithmetic shift floors, the narrowing saturates.
   const hn::Rebind<T, DF> d8;
   const size_t N = hn::Lanes(df);
-  const auto code = [&](VF x, VU32 u) {
-    return hn::DemoteTo(d8, hn::ShiftRight<16>(hn::Add(hn::ConvertTo(di, x), hn::BitCast(di, u))));
+  const auto code = [&](VF x, VU32 r) {
+    return hn::DemoteTo(d8, hn::ShiftRight<16>(AddRandomWord<kWord>(hn::ConvertTo(di, x), r)));
   };
-  hn::StoreU(code(x0, u0), d8, p);
-  hn::StoreU(code(x1, u1), d8, p + N);
+  hn::StoreU(code(x0, r0), d8, p);
+  hn::StoreU(code(x1, r1), d8, p + N);
 #endif
 }
 
-// acc = max(acc, |x|).
+// max(acc, |x|) for acc >= 0.
 HWY_INLINE VF MaxAbs(VF acc, VF x) {
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   return VF{_mm512_range_ps(acc.raw, x.raw, 0x0B)};  // VRANGEPS: larger magnitude, sign cleared
@@ -389,12 +408,12 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
 // operations: the square roots and the division come from the hardware estimates (relative
 // error below 2^-12, far under a code step), the decoding scales are folded into beta1 and
 // beta2 and the step size into the denominator, the random bits come from one cheap generator
-// step per vector (NextRandom), and on
-// AVX-512 the codes are rounded, clamped and narrowed in a few instructions
+// step per vector (NextRandom), and on AVX-512 the codes are rounded and narrowed in a few
+// instructions, the random word added by one VNNI instruction where there is VNNI
 // (StoreStochasticCodes). While block b's codes are computed (a loop that reads no memory),
-// block b + kInt8PrefetchBlocks is prefetched (2: measured best on the H200 host against 1 and
-// 4, 0.91-0.97 of the ceiling).
-constexpr size_t kInt8PrefetchBlocks = 2;
+// block b + kInt8PrefetchBlocks is prefetched (3: measured best on the 2-core dev VM against
+// 1, 2 and 4, and on the H200 host against 2; docs/PERF.md).
+constexpr size_t kInt8PrefetchBlocks = 3;
 
 template <DType kG, ParamCopy kC>
 HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, int8_t* mq,
@@ -457,25 +476,26 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
   const float rs = hn::GetLane(hn::MaxOfLanes(df, r_max));
   *m_scale = ms;
   *v_scale = rs;
-  // Codes times 65536 (16.16 fixed point). m's: with K = 127 * 65536 and x = m / M,
-  // sign(m) K sqrt(|x|) = K x rsqrt(|x|) = (K / M) m rsqrt(|m| / M), where adding the smallest
-  // normal float keeps rsqrt finite (and the code 0) for m = 0. v's: r K' / V^(1/4),
-  // K' = 255 * 65536. Both factors stay finite: M is 0 or normal, V^(1/4) >= 2^-32.
-  constexpr float kM = 127.0f * 65536.0f, kV = 255.0f * 65536.0f;
-  const float inv_ms = ms > 0 ? 1.0f / ms : 0.0f;
-  const VF km = hn::Set(df, kM * inv_ms), km_root = hn::Set(df, inv_ms);
-  // v's codes stay 16/65536 of a step below the end: r <= V^(1/4) exactly (the same values),
-  // and the margin covers the product's rounding, so they need no clamp.
-  const VF kr = hn::Set(df, rs > 0 ? (kV - 16.0f) / rs : 0.0f);
-  const VU32 low16 = hn::Set(du, 0xFFFFu);
+  // Codes times 65536 plus one half (16.16 fixed point, see StoreStochasticCodes). m's: with
+  // K = 127 * 65536, sign(m) K sqrt(|m| / M) = (K / sqrt(M)) m rsqrt(|m|), where taking at least
+  // the smallest normal float keeps rsqrt finite (and the code 0) for m = 0 and the code below
+  // K for |m| below it. K is shrunk by 2^-13 so that the estimate's error (at most 2^-14 with
+  // AVX-512) cannot carry a code past 127: a bias of 1/64 of a step at the block maximum only.
+  // v's: r K' / V^(1/4), K' = 255 * 65536, 16/65536 of a step short of the end: r <= V^(1/4)
+  // exactly (the same values), and the margin covers the product's rounding. Both factors stay
+  // finite: M >= 2^-149 when positive, V^(1/4) >= 2^-32.
+  constexpr float kM = 127.0f * 65536.0f * (1.0f - 0x1p-13f), kV = 255.0f * 65536.0f - 16.0f;
+  const VF km = hn::Set(df, ms > 0 ? kM / std::sqrt(ms) : 0.0f);
+  const VF kr = hn::Set(df, rs > 0 ? kV / rs : 0.0f);
+  const VF half = hn::Set(df, 32768.0f);
   // Random bits depend on the block's first element index only: a murmur-style hash seeds the
   // generator (made odd, so xorshift32 never starts from the zero state); one step per vector,
   // its low 16 bits round m and its high 16 bits v.
   VU32 random = hn::Or(RandomBits(du, lanes, a.seed, index), hn::Set(du, 1u));
   const auto codes = [&](size_t i, VF* cm, VF* cr) {
     const VF m = hn::Load(df, m_new + i);
-    *cm = hn::Mul(hn::Mul(m, km), RsqrtEstimate(df, hn::MulAdd(hn::Abs(m), km_root, tiny)));
-    *cr = hn::Mul(hn::Load(df, r_new + i), kr);
+    *cm = hn::MulAdd(hn::Mul(m, km), RsqrtEstimate(df, MaxAbs(tiny, m)), half);
+    *cr = hn::MulAdd(hn::Load(df, r_new + i), kr, half);
   };
   const size_t gb = DTypeBytes(kG);
   for (size_t i = 0; i < kInt8StateBlock; i += 2 * N) {  // the block is a multiple of 2N
@@ -492,8 +512,8 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
     VF cm0, cr0, cm1, cr1;
     codes(i, &cm0, &cr0);
     codes(i + N, &cm1, &cr1);
-    StoreStochasticCodes(df, cm0, hn::And(r0, low16), cm1, hn::And(random, low16), mq + i);
-    StoreStochasticCodes(df, cr0, hn::ShiftRight<16>(r0), cr1, hn::ShiftRight<16>(random), vq + i);
+    StoreStochasticCodes<int8_t, 0>(df, cm0, r0, cm1, random, mq + i);
+    StoreStochasticCodes<uint8_t, 1>(df, cr0, r0, cr1, random, vq + i);
   }
 }
 

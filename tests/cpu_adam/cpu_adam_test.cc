@@ -432,6 +432,38 @@ TEST_P(EveryTarget, PieceByPieceEqualsWhole) {
   EXPECT_EQ(AdamUpdate(bad, Hyper(true), 1.0f).code(), StatusCode::kInvalidArgument);
 }
 
+TEST_P(EveryTarget, Int8CodesAtTheBlockMaximumKeepTheirSign) {
+  // Within a block every gradient has the same magnitude (signs mixed), so every m sits at its
+  // block's maximum |m|: the codes closest to the end of their range, where an estimate's error
+  // could carry one past +-127 and wrap its sign (docs/cpu_adam.md, "The int8 code"). Block k
+  // has its own magnitude and m changes every step, so the estimates see many inputs. Every
+  // step must move every parameter against its gradient.
+  constexpr size_t kBlocks = 64, n = kBlocks * 256;
+  std::vector<float> p(n, 0.0f), g(n);
+  for (size_t i = 0; i < n; ++i) {
+    g[i] = (i % 3 == 0 ? -1.0f : 1.0f) * (1.0f + 0.37f * static_cast<float>(i / 256));
+  }
+  std::vector<unsigned char> m(AdamMomentBytes(StatePrecision::kInt8, n));
+  std::vector<unsigned char> v(AdamMomentBytes(StatePrecision::kInt8, n));
+  AdamShard shard;
+  shard.params = p.data();
+  shard.n = n;
+  shard.state = StatePrecision::kInt8;
+  shard.m = m.data();
+  shard.v = v.data();
+  shard.grads = g.data();
+  AdamHyper h = Hyper(true);
+  h.weight_decay = 0;
+  size_t wrong = 0;
+  for (int step = 1; step <= 50; ++step) {
+    const std::vector<float> before = p;
+    h.step = step;
+    ASSERT_TRUE(AdamUpdate(shard, h, 1.0f, 1).ok());
+    for (size_t i = 0; i < n; ++i) wrong += g[i] * (p[i] - before[i]) < 0 ? 0 : 1;
+  }
+  EXPECT_EQ(wrong, 0u);
+}
+
 TEST(CpuAdamTest, OverflowSkipsTheStepAndLeavesStateUntouched) {
   for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
     for (DType gd : {DType::kFp32, DType::kBf16, DType::kFp16}) {
