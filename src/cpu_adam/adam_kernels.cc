@@ -411,8 +411,8 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
 // step per vector (NextRandom), and on AVX-512 the codes are rounded and narrowed in a few
 // instructions, the random word added by one VNNI instruction where there is VNNI
 // (StoreStochasticCodes). While block b's codes are computed (a loop that reads no memory),
-// block b + kInt8PrefetchBlocks is prefetched (3: measured best on the 2-core dev VM against
-// 1, 2 and 4, and on the H200 host against 2; docs/PERF.md).
+// block b + kInt8PrefetchBlocks is prefetched (3: best on the 2-core dev VM against 1, 2 and
+// 4; on the H200 host within 1-2 % of 2; docs/PERF.md).
 constexpr size_t kInt8PrefetchBlocks = 3;
 
 template <DType kG, ParamCopy kC>
