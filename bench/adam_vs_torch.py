@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
-"""CPU Adam: zoffload against torch's fused CPU AdamW, same machine, threads and run.
+"""CPU Adam: zoffload against torch's fused CPU AdamW and DeepSpeed's cpu_adam, same machine,
+threads and run.
 
-Anchors (torch, fp32 params and state, N parameters in one tensor, median of STEPS steps):
+Anchors (fp32 params and state, N parameters in one tensor, median of STEPS steps):
   torch fused AdamW               torch.optim.AdamW(fused=True)   (28 B/param)
   torch fused AdamW + bf16 cast   the same step, then param.to(bfloat16) into a preallocated
                                   tensor: the offload layout done the usual way (two passes)
-zoffload (zoffload-bench adam --json): fp32 grads/state (vs the first anchor) and bf16 grads +
-fp32 state + bf16 param copy in one pass (vs the second). Each round runs zoffload and torch in
-fresh processes back to back; the ratio is the median over rounds of the per-round ratios.
+  DeepSpeed cpu_adam (+ bf16 cast)  deepspeed.ops.adam.DeepSpeedCPUAdam (AdamW mode), the same
+                                  two ways; measured when deepspeed is importable (its op is
+                                  compiled on first use), skipped with a note otherwise
+zoffload (zoffload-bench adam --json): fp32 grads/state (vs the plain anchors) and bf16 grads +
+fp32 state + bf16 param copy in one pass (vs the cast anchors). Each round runs zoffload and the
+anchors in fresh processes back to back; the ratio is the median over rounds of the per-round
+ratios.
 
 usage: bench/adam_vs_torch.py [--params 256M] [--threads N] [--steps 5] [--rounds 3]
                               [--build build/default] [--json FILE]
@@ -26,12 +31,11 @@ def parse_count(text):
     return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
 
 
-def torch_anchor(n, threads, steps, cast):
+def anchor_seconds(make_optimizer, n, steps, cast):
     import torch
-    torch.set_num_threads(threads)
     p = torch.nn.Parameter(torch.rand(n, dtype=torch.float32) + 0.5)
     p.grad = (torch.rand(n, dtype=torch.float32) - 0.5) * 1e-2
-    opt = torch.optim.AdamW([p], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, fused=True)
+    opt = make_optimizer(p)
     out = torch.empty(n, dtype=torch.bfloat16)
     opt.step()  # warm-up (allocates the state)
     if cast:
@@ -46,11 +50,37 @@ def torch_anchor(n, threads, steps, cast):
     return statistics.median(times)
 
 
-def run_json(cmd):
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+def anchors(n, threads, steps):
+    """Seconds per step of every anchor available here; DeepSpeed's only if it imports."""
+    import torch
+    torch.set_num_threads(threads)
+    hyper = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+    def torch_adamw(p):
+        return torch.optim.AdamW([p], fused=True, **hyper)
+
+    result = {key: anchor_seconds(torch_adamw, n, steps, cast) for key, cast in
+              (("plain", False), ("cast", True))}
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+    except ImportError as e:
+        result["deepspeed_missing"] = str(e)
+        return result
+
+    def deepspeed_adamw(p):
+        return DeepSpeedCPUAdam([p], adamw_mode=True, **hyper)
+
+    for key, cast in (("ds_plain", False), ("ds_cast", True)):
+        result[key] = anchor_seconds(deepspeed_adamw, n, steps, cast)
+    return result
+
+
+def run_json(cmd, env=None):
+    """The command's last line of output (DeepSpeed logs to stdout when it loads)."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         sys.exit(f"{cmd[0]} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc.stdout
+    return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
 
 
 def main():
@@ -66,8 +96,7 @@ def main():
     args = ap.parse_args()
     if args.torch_anchor:
         n, threads, steps = args.torch_anchor
-        print(json.dumps({"plain": torch_anchor(n, threads, steps, cast=False),
-                          "cast": torch_anchor(n, threads, steps, cast=True)}))
+        print(json.dumps(anchors(n, threads, steps)))
         return
     n = parse_count(args.params)
     out = f"/tmp/zoffload-adam-{os.getpid()}.json"
@@ -84,7 +113,10 @@ def main():
     # zoffload and torch in fresh processes back to back, and ratios are taken per round.
     paths = [("fp32 grads, fp32 state", "fp32", "none", "torch fused AdamW", "plain"),
              ("bf16 grads, fp32 state, bf16 copy", "bf16", "bf16", "torch fused AdamW + bf16 cast",
-              "cast")]
+              "cast"),
+             ("fp32 grads, fp32 state", "fp32", "none", "DeepSpeed cpu_adam", "ds_plain"),
+             ("bf16 grads, fp32 state, bf16 copy", "bf16", "bf16", "DeepSpeed cpu_adam + bf16 cast",
+              "ds_cast")]
     rounds = []
     for r in range(args.rounds):
         run_json(cmd)
@@ -92,19 +124,24 @@ def main():
             records = json.load(f)
         os.unlink(out)
         threads = records[0]["threads"]
-        anchors = json.loads(run_json([sys.executable, os.path.abspath(__file__), "--torch-anchor",
-                                       str(n), str(threads), str(args.steps)]))
+        # DeepSpeed's op has its own OpenMP runtime: the thread count goes through the environment.
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        seconds = json.loads(run_json([sys.executable, os.path.abspath(__file__), "--torch-anchor",
+                                       str(n), str(threads), str(args.steps)], env))
+        if r == 0 and "deepspeed_missing" in seconds:
+            print(f"DeepSpeed anchors skipped: {seconds['deepspeed_missing']}", flush=True)
+        paths = [path for path in paths if path[4] in seconds]
         row = []
         for name, g, c, anchor, key in paths:
             rec = find(records, g, c)
             row.append({"zoffload": name, "Gparams_per_s": rec["Gparams_per_s"], "anchor": anchor,
-                        "anchor_Gparams_per_s": n / anchors[key] / 1e9,
-                        "ratio": anchors[key] / rec["seconds_per_step"]})
+                        "anchor_Gparams_per_s": n / seconds[key] / 1e9,
+                        "ratio": seconds[key] / rec["seconds_per_step"]})
             print(f"round {r + 1}: {name}: {rec['Gparams_per_s']:.3f} Gparam/s, {anchor} "
-                  f"{n / anchors[key] / 1e9:.3f}, ratio {row[-1]['ratio']:.3f}", flush=True)
+                  f"{n / seconds[key] / 1e9:.3f}, ratio {row[-1]['ratio']:.3f}", flush=True)
         rounds.append(row)
-    print(f"{n} params, {threads} threads (torch.set_num_threads), median of {args.steps} steps, "
-          f"{args.rounds} rounds")
+    print(f"{n} params, {threads} threads (torch.set_num_threads, OMP_NUM_THREADS), median of "
+          f"{args.steps} steps, {args.rounds} rounds")
     print(f"{'zoffload path':36} {'Gparam/s':>9} {'anchor':>32} {'Gparam/s':>9} {'ratio':>6}")
     result = []
     for i, (name, _, _, anchor, _) in enumerate(paths):
