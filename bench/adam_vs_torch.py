@@ -91,11 +91,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--build", default="build/default")
     ap.add_argument("--json")
-    ap.add_argument("--torch-anchor", nargs=3, type=int, metavar=("N", "THREADS", "STEPS"),
-                    help=argparse.SUPPRESS)  # internal: one torch round in a fresh process
+    ap.add_argument("--anchors", nargs=3, type=int, metavar=("N", "THREADS", "STEPS"),
+                    help=argparse.SUPPRESS)  # internal: one round of the anchors in a fresh process
     args = ap.parse_args()
-    if args.torch_anchor:
-        n, threads, steps = args.torch_anchor
+    if args.anchors:
+        n, threads, steps = args.anchors
         print(json.dumps(anchors(n, threads, steps)))
         return
     n = parse_count(args.params)
@@ -126,7 +126,7 @@ def main():
         threads = records[0]["threads"]
         # DeepSpeed's op has its own OpenMP runtime: the thread count goes through the environment.
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
-        seconds = json.loads(run_json([sys.executable, os.path.abspath(__file__), "--torch-anchor",
+        seconds = json.loads(run_json([sys.executable, os.path.abspath(__file__), "--anchors",
                                        str(n), str(threads), str(args.steps)], env))
         if r == 0 and "deepspeed_missing" in seconds:
             print(f"DeepSpeed anchors skipped: {seconds['deepspeed_missing']}", flush=True)
