@@ -110,7 +110,7 @@ def main():
         return next(r for r in records if (r["grad_dtype"], r["param_copy"]) == (g, c))
 
     # Memory bandwidth differs from process to process on these machines: every round runs
-    # zoffload and torch in fresh processes back to back, and ratios are taken per round.
+    # zoffload and the anchors in fresh processes back to back, and ratios are taken per round.
     paths = [("fp32 grads, fp32 state", "fp32", "none", "torch fused AdamW", "plain"),
              ("bf16 grads, fp32 state, bf16 copy", "bf16", "bf16", "torch fused AdamW + bf16 cast",
               "cast"),
@@ -128,9 +128,10 @@ def main():
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         seconds = json.loads(run_json([sys.executable, os.path.abspath(__file__), "--anchors",
                                        str(n), str(threads), str(args.steps)], env))
-        if r == 0 and "deepspeed_missing" in seconds:
-            print(f"DeepSpeed anchors skipped: {seconds['deepspeed_missing']}", flush=True)
-        paths = [path for path in paths if path[4] in seconds]
+        if r == 0:  # the anchors this machine has
+            if "deepspeed_missing" in seconds:
+                print(f"DeepSpeed anchors skipped: {seconds['deepspeed_missing']}", flush=True)
+            paths = [path for path in paths if path[4] in seconds]
         row = []
         for name, g, c, anchor, key in paths:
             rec = find(records, g, c)

@@ -247,7 +247,6 @@ HWY_INLINE hn::Vec<DI32> AddRandomWord(hn::Vec<DI32> w, VU32 r) {
 // saturates anyway.
 template <typename T, int kWord>
 HWY_INLINE void StoreStochasticCodes(DF df, VF x0, VU32 r0, VF x1, VU32 r1, T* p) {
-  const DI32 di;
 #if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
   // AVX-512: a conversion that floors (Highway 1.0's ConvertTo truncates and adds an overflow
   // fix-up), then the narrowing.
@@ -271,10 +270,10 @@ HWY_INLINE void StoreStochasticCodes(DF df, VF x0, VU32 r0, VF x1, VU32 r1, T* p
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 16), _mm512_cvtepi32_epi8(q1));
 #endif
   (void)df;
-  (void)di;
 #else
   // Elsewhere: the conversion truncates toward zero (for negative m, a bias of 2^-16 of a step
   // at most), the arithmetic shift floors, the narrowing saturates.
+  const DI32 di;
   const hn::Rebind<T, DF> d8;
   const size_t N = hn::Lanes(df);
   const auto code = [&](VF x, VU32 r) {
