@@ -24,6 +24,7 @@
 #include "build_info.h"
 #include "common/strings.h"
 #include "zoffload/config.h"
+#include "zoffload/runtime.h"
 #if ZO_HAVE_CUDA
 #include "bench/gpu_profile.h"
 #include "gpu/gpu_info.h"
@@ -447,8 +448,7 @@ int StepMain(const std::vector<std::string>& args, bool short_defaults) {
           o.state = config.zoffload.optimizer_state;
           if (config.zoffload.cpu_adam_threads > 0) o.threads = config.zoffload.cpu_adam_threads;
           SetCpuAdamCoreBinding(config.zoffload.cpu_adam_bind_cores);
-          auto swap = SwapSpaceOptions::ForOptimizerState(config);
-          if (swap.ok() && paths.empty()) paths = swap->paths;
+          if (paths.empty()) paths = RuntimeOptions::FromConfig(config).nvme_paths;
         } else if (a == "--json") {
           json_path = v;
         } else if (a == "--trace") {

@@ -13,8 +13,9 @@
 //    slower ones; changes move down when the copy is evicted, when the tensor is next leased
 //    elsewhere, or at Flush.
 // 3. Residency: a host or nvme tensor on the GPU keeps its host copy (the staging for its
-//    moves). The host budget holds host tensors and the NVMe cache; the GPU budget holds gpu
-//    tensors and GPU copies. When a budget is hit the store evicts by next use: the order of
+//    moves). Host tensors and the NVMe cache count against the context's host budget; gpu
+//    tensors and GPU copies against its GPU budget (both shared with the context's other
+//    parts; the store evicts only its own copies). When a budget is hit the store evicts by next use: the order of
 //    acquisitions repeats every training step, so once a key comes round again the recorded
 //    cycle tells which cached copy is needed last (Belady's choice); before that, the least
 //    recently used one. Leased copies are never evicted; a request that cannot fit even so
@@ -40,6 +41,7 @@
 
 #include "zoffload/config.h"
 #include "zoffload/dtype.h"
+#include "zoffload/runtime.h"
 #include "zoffload/status.h"
 
 namespace zoffload {
@@ -61,20 +63,6 @@ enum class TensorRole : uint8_t { kParameter, kGradient, kOptimizerState };
 /// ratio's split is OptimizerState's); gradients in host memory when the optimizer state is
 /// offloaded (the CPU optimizer reads them there), else on the GPU.
 Tier PlacementFor(TensorRole role, const Config& config);
-
-struct TensorStoreOptions {
-  uint64_t host_budget_bytes = 0;       ///< host tensors + NVMe cache; 0 = no budget
-  uint64_t gpu_budget_bytes = 0;        ///< gpu tensors; 0 = no budget
-  std::vector<std::string> nvme_paths;  ///< swap directories (needed for nvme tensors)
-  AioConfig aio;
-  bool checksums = true;  ///< CRC32C of every NVMe block
-  bool pin_host = true;   ///< host memory from the pinned pool when a GPU is present
-  int device = 0;         ///< the GPU of gpu tensors and of pinned memory
-
-  /// Budgets from zoffload.budgets (host: pinned_host_bytes, else host_bytes), NVMe paths
-  /// from zoffload.nvme_paths or offload_optimizer.nvme_path, aio, offload_optimizer.pin_memory.
-  static TensorStoreOptions FromConfig(const Config& config);
-};
 
 class TensorStore;
 namespace internal {
@@ -130,7 +118,9 @@ class [[nodiscard]] LeaseFuture {
 
 class TensorStore {
  public:
-  static Result<std::unique_ptr<TensorStore>> Open(TensorStoreOptions options);
+  /// A store whose budgets, swap space, pinned memory and copy engine are `context`'s
+  /// (which must outlive it).
+  static Result<std::unique_ptr<TensorStore>> Open(RuntimeContext& context);
   ~TensorStore();
   TensorStore(const TensorStore&) = delete;
   TensorStore& operator=(const TensorStore&) = delete;

@@ -147,6 +147,7 @@ struct TensorEntry {
   std::string stem;
   std::vector<int> files;     // engine file id per directory, -1 where the tensor has no blocks
   std::vector<uint32_t> crc;  // one per block
+  bool caller_checksums = false;
   TensorState state = TensorState::kEmpty;
   bool has_data = false;  // written at least once (clean on disk, or written since)
   bool written_since_commit = false;
@@ -290,25 +291,11 @@ Result<std::vector<IoSegment>> SwapSpace::Impl::Segments(TensorEntry& t, const s
     seg.file_offset = (j / dirs()) * block;
     seg.data = data + off;
     seg.length = std::min(block, length - off);
-    seg.crc = options.checksums && !options.caller_checksums ? &t.crc[j] : nullptr;
+    seg.crc = options.checksums && !t.caller_checksums ? &t.crc[j] : nullptr;
     seg.logical_offset = offset + off;
     segments.push_back(seg);
   }
   return segments;
-}
-
-Result<SwapSpaceOptions> SwapSpaceOptions::ForOptimizerState(const Config& config) {
-  SwapSpaceOptions o;
-  o.paths = config.zoffload.nvme_paths;
-  const std::string& single = config.zero_optimization.offload_optimizer.nvme_path;
-  if (o.paths.empty() && !single.empty()) o.paths.push_back(single);
-  if (o.paths.empty()) {
-    return InvalidArgumentError(
-        "no NVMe directory configured: set zoffload.nvme_paths or "
-        "zero_optimization.offload_optimizer.nvme_path");
-  }
-  o.aio = config.aio;
-  return o;
 }
 
 SwapSpace::SwapSpace(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -442,16 +429,20 @@ Status SwapSpace::Destroy(const std::vector<std::string>& paths) {
   return Status::Ok();
 }
 
-Status SwapSpace::Allocate(const std::string& key, uint64_t bytes) {
+Status SwapSpace::Allocate(const std::string& key, uint64_t bytes, ChecksumBy checksum_by) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (auto it = impl_->tensors.find(key); it != impl_->tensors.end()) {
-    if (it->second->bytes == bytes) return Status::Ok();
+    if (it->second->bytes == bytes) {
+      it->second->caller_checksums = checksum_by == ChecksumBy::kCaller;
+      return Status::Ok();
+    }
     return InvalidArgumentError(StrCat("tensor '", key, "' is already allocated with ",
                                        it->second->bytes, " bytes, not ", bytes));
   }
   auto t = std::make_unique<TensorEntry>();
   t->bytes = bytes;
   t->stem = EscapeKey(key);
+  t->caller_checksums = checksum_by == ChecksumBy::kCaller;
   for (const auto& [other_key, other] : impl_->tensors) {
     if (other->stem == t->stem) {
       return InvalidArgumentError(

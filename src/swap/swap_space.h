@@ -49,19 +49,12 @@ struct SwapSpaceOptions {
   bool checksums = true;
   /// Commit flushes data and manifest to the device (see 4.); forced on without checksums.
   bool durable = false;
-  /// The caller computes block checksums (Checksum before Write) and verifies reads (Verify
-  /// after Read) on its own threads, instead of the I/O threads doing it per block: the I/O
-  /// threads then only move data. A pipeline that has idle cores between I/O uses this.
-  bool caller_checksums = false;
   IoBackendKind backend = IoBackendKind::kAuto;
   bool direct_io = true;     ///< see IoEngineOptions::direct_io
   Tracer* tracer = nullptr;  ///< see IoEngineOptions::tracer
   /// Test hook at the I/O seam (see IoEngineOptions).
   std::function<std::unique_ptr<IoBackend>(std::unique_ptr<IoBackend>)> wrap_backend;
 
-  /// The optimizer-state swap space a config asks for: zoffload.nvme_paths when set, else
-  /// zero_optimization.offload_optimizer.nvme_path; the aio block. Paths are used as given.
-  static Result<SwapSpaceOptions> ForOptimizerState(const Config& config);
 };
 
 class SwapSpace {
@@ -79,9 +72,18 @@ class SwapSpace {
   SwapSpace(const SwapSpace&) = delete;
   SwapSpace& operator=(const SwapSpace&) = delete;
 
+  /// Who checksums a tensor's blocks (with SwapSpaceOptions::checksums on).
+  enum class ChecksumBy : uint8_t {
+    kIoThreads,  ///< the I/O threads, per block, as it is written and read
+    /// The caller (Checksum before Write, Verify after Read) on its own threads: the I/O
+    /// threads then only move data. A pipeline that has idle cores between I/O uses this.
+    kCaller,
+  };
+
   /// Reserves disk space for `bytes` of tensor `key`. Repeating it with the same size is a
   /// no-op; another size is an error.
-  Status Allocate(const std::string& key, uint64_t bytes);
+  Status Allocate(const std::string& key, uint64_t bytes,
+                  ChecksumBy checksum_by = ChecksumBy::kIoThreads);
   /// Frees a tensor's space.
   Status Remove(const std::string& key);
 
@@ -102,11 +104,11 @@ class SwapSpace {
   IoFuture Read(const std::string& key, uint64_t offset, std::span<std::byte> out,
                 std::function<void(const Status&)> on_done = {});
 
-  /// With caller_checksums: records the checksums of `data`, about to be written at `offset`
+  /// For kCaller tensors: records the checksums of `data`, about to be written at `offset`
   /// of `key` (same range rules as Write), computed on `threads` threads (0: OpenMP default).
   Status Checksum(const std::string& key, uint64_t offset, std::span<const std::byte> data,
                   int threads = 0);
-  /// With caller_checksums: checks `data`, just read from `offset` of `key`, against the
+  /// For kCaller tensors: checks `data`, just read from `offset` of `key`, against the
   /// recorded checksums; DATA_LOSS names the tensor and byte offset of the first mismatch.
   Status Verify(const std::string& key, uint64_t offset, std::span<const std::byte> data,
                 int threads = 0) const;

@@ -47,7 +47,7 @@ std::string LayoutHash(const std::vector<OptimizerTensor>& tensors, StatePrecisi
 }  // namespace
 
 struct OptimizerState::Slot {
-  AlignedBuffer images;  // one chunk's params, m and v images, laid out as on disk
+  HostMemory images;  // one chunk's params, m and v images, laid out as on disk
   IoFuture read, write;
   std::byte* part(const std::array<uint64_t, 3>& offsets, int i) {
     return images.data() + offsets[i];
@@ -61,12 +61,10 @@ Result<OptimizerStateOptions> OptimizerStateOptions::FromConfig(const Config& co
     case OffloadDevice::kCpu:
       o.home = StateHome::kHost;
       break;
-    case OffloadDevice::kNvme: {
+    case OffloadDevice::kNvme:
       o.home = StateHome::kNvme;
       o.offload_ratio = oo.ratio;
-      ZO_ASSIGN_OR_RETURN(o.swap, SwapSpaceOptions::ForOptimizerState(config));
       break;
-    }
     case OffloadDevice::kNone:
       return InvalidArgumentError(
           "zero_optimization.offload_optimizer.device is \"none\": the optimizer state is not "
@@ -105,6 +103,7 @@ std::pair<uint64_t, uint64_t> OptimizerState::ItemRange(size_t k) const {
 }
 
 Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<OptimizerTensor> tensors,
+                                                               RuntimeContext& context,
                                                                OptimizerStateOptions options) {
   std::unordered_set<std::string> names;
   for (const OptimizerTensor& t : tensors) {
@@ -141,6 +140,8 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
   state->tensors_ = std::move(tensors);
   state->options_ = std::move(options);
   state->chunk_ = chunk;
+  state->rt_ = &context.impl();
+  state->tracer_ = state->rt_->tracer();
   const StatePrecision precision = state->options_.precision;
   // Whole tensors, in order, fill the host share; the others go to NVMe.
   uint64_t total = 0;
@@ -150,12 +151,14 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
   uint64_t kept = 0;
   std::vector<OptimizerTensor> on_nvme;
   for (const OptimizerTensor& t : state->tensors_) {
-    AlignedBuffer p, m, v;
+    HostMemory p, m, v;
     if (kept + t.n <= host_elements) {
       kept += t.n;
-      ZO_ASSIGN_OR_RETURN(p, AlignedBuffer::Allocate(4 * t.n, 64, true));
-      ZO_ASSIGN_OR_RETURN(m, AlignedBuffer::Allocate(AdamMomentBytes(precision, t.n), 64, true));
-      ZO_ASSIGN_OR_RETURN(v, AlignedBuffer::Allocate(AdamMomentBytes(precision, t.n), 64, true));
+      RuntimeContext::Impl& rt = *state->rt_;
+      const std::string what = StrCat("the optimizer state of '", t.name, "'");
+      ZO_ASSIGN_OR_RETURN(p, rt.AllocateHost(4 * t.n, what, false, true));
+      ZO_ASSIGN_OR_RETURN(m, rt.AllocateHost(AdamMomentBytes(precision, t.n), what, false, true));
+      ZO_ASSIGN_OR_RETURN(v, rt.AllocateHost(AdamMomentBytes(precision, t.n), what, false, true));
       std::memset(p.data(), 0, p.size());
       std::memset(m.data(), 0, m.size());
       std::memset(v.data(), 0, v.size());
@@ -167,11 +170,7 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
     state->v_.push_back(std::move(v));
   }
   if (on_nvme.empty()) return state;
-  // Block checksums are computed and verified by the Adam threads between requests, so the
-  // I/O threads only move data.
-  state->options_.swap.caller_checksums = true;
-  state->options_.swap.tracer = state->options_.tracer;
-  ZO_ASSIGN_OR_RETURN(state->swap_, SwapSpace::Open(state->options_.swap));
+  ZO_ASSIGN_OR_RETURN(state->swap_, state->rt_->Swap());
   state->block_ = state->swap_->block_size();
   uint64_t end = 0, biggest = 0;
   for (size_t t = 0; t < state->tensors_.size(); ++t) {
@@ -188,10 +187,14 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
   state->first_item_.push_back(state->items_.size());
   state->key_ = StrCat("optimizer-", LayoutHash(on_nvme, precision, chunk));
   const auto [last_offset, last_bytes] = state->ItemRange(state->items_.size() - 1);
-  ZO_RETURN_IF_ERROR(state->swap_->Allocate(state->key_, last_offset + last_bytes));
+  // Block checksums are computed and verified by the Adam threads between requests, so the
+  // I/O threads only move data.
+  ZO_RETURN_IF_ERROR(state->swap_->Allocate(state->key_, last_offset + last_bytes,
+                                            SwapSpace::ChecksumBy::kCaller));
   for (int b = 0; b < state->options_.pipeline.buffers; ++b) {
     auto slot = std::make_unique<Slot>();
-    ZO_ASSIGN_OR_RETURN(slot->images, AlignedBuffer::Allocate(biggest, 4096, true));
+    ZO_ASSIGN_OR_RETURN(slot->images, state->rt_->AllocateHost(biggest, "an NVMe pipeline slot",
+                                                               false, true));
     ZO_RETURN_IF_ERROR(state->swap_->engine().RegisterBuffer(slot->images.span()));
     state->slots_.push_back(std::move(slot));
   }
@@ -201,7 +204,7 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
 uint64_t OptimizerState::host_bytes() const {
   uint64_t total = 0;
   for (const auto& list : {&params_, &m_, &v_}) {
-    for (const AlignedBuffer& b : *list) total += b.size();
+    for (const HostMemory& b : *list) total += b.size();
   }
   for (const auto& slot : slots_) total += slot->images.size();
   return total;
@@ -235,17 +238,33 @@ Status OptimizerState::Initialize(size_t i, const float* params) {
 Status OptimizerState::Read(size_t i, float* params, void* m, void* v) {
   if (i >= tensors_.size()) return OutOfRangeError(StrCat("optimizer state: no tensor ", i));
   const OptimizerTensor& t = tensors_[i];
+  const StatePrecision p = options_.precision;
+  const uint64_t codes_total = MomentCodeBytes(p, t.n);
+  void* moments[2] = {m, v};
+  // A chunk's moment image (codes, then for int8 the chunk's scales) into the whole-tensor
+  // layout (all codes, then all scales).
+  auto moment_out = [&](int j, const std::byte* image, uint64_t first, uint64_t n) {
+    auto* out = static_cast<std::byte*>(moments[j]);
+    const uint64_t code_bytes = MomentCodeBytes(p, n);
+    std::memcpy(out + MomentCodeBytes(p, first), image, code_bytes);
+    if (p == StatePrecision::kInt8) {
+      const uint64_t scales = (n + kInt8StateBlock - 1) / kInt8StateBlock;
+      std::memcpy(out + codes_total + 4 * (first / kInt8StateBlock), image + code_bytes,
+                  4 * scales);
+    }
+  };
   if (in_host(i)) {
     std::memcpy(params, params_[i].data(), params_[i].size());
-    std::memcpy(m, m_[i].data(), m_[i].size());
-    std::memcpy(v, v_[i].data(), v_[i].size());
+    for (uint64_t first = 0; first < t.n; first += chunk_) {
+      const uint64_t offset = AdamMomentBytes(p, first);
+      const uint64_t n = std::min(chunk_, t.n - first);
+      moment_out(0, m_[i].data() + offset, first, n);
+      moment_out(1, v_[i].data() + offset, first, n);
+    }
     return Status::Ok();
   }
   ZO_RETURN_IF_ERROR(broken_);
-  const StatePrecision p = options_.precision;
-  const uint64_t codes_total = MomentCodeBytes(p, t.n);
   Slot& slot = *slots_[0];
-  void* moments[2] = {m, v};
   for (size_t k = first_item_[i]; k < first_item_[i + 1]; ++k) {
     const Item& it = items_[k];
     const auto offsets = PartOffsets(it.n);
@@ -256,25 +275,14 @@ Status OptimizerState::Read(size_t i, float* params, void* m, void* v) {
     ZO_RETURN_IF_ERROR(swap_->Verify(key_, offset, data, options_.threads)
                            .WithContext(StrCat("reading '", t.name, "'")));
     std::memcpy(params + it.first, slot.part(offsets, 0), 4 * it.n);
-    for (int j = 0; j < 2; ++j) {
-      auto* out = static_cast<std::byte*>(moments[j]);
-      const std::byte* image = slot.part(offsets, j + 1);
-      const uint64_t code_bytes = MomentCodeBytes(p, it.n);
-      std::memcpy(out + MomentCodeBytes(p, it.first), image,
-                  p == StatePrecision::kInt8 ? it.n : code_bytes);
-      if (p == StatePrecision::kInt8) {  // scales follow the codes, in both layouts
-        const uint64_t scales = (it.n + kInt8StateBlock - 1) / kInt8StateBlock;
-        std::memcpy(out + codes_total + 4 * (it.first / kInt8StateBlock), image + code_bytes,
-                    4 * scales);
-      }
-    }
+    for (int j = 0; j < 2; ++j) moment_out(j, slot.part(offsets, j + 1), it.first, it.n);
   }
   return Status::Ok();
 }
 
 Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
                                             const AdamHyper& hyper, float loss_scale,
-                                            float max_grad_norm) {
+                                            float max_grad_norm, ParamSink* sink) {
   ZO_RETURN_IF_ERROR(broken_);
   if (grads.size() != tensors_.size()) {
     return InvalidArgumentError(
@@ -310,9 +318,9 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
   if (items_.empty()) {
     const std::optional<float> grad_scale = decide();
     if (!grad_scale) return result;
-    ZO_RETURN_IF_ERROR(UpdateInHost(grads, hyper, *grad_scale, &stats));
+    ZO_RETURN_IF_ERROR(UpdateInHost(grads, hyper, *grad_scale, sink, &stats));
   } else {
-    ZO_RETURN_IF_ERROR(Stream(grads, &hyper, decide, &stats));
+    ZO_RETURN_IF_ERROR(Stream(grads, &hyper, sink, decide, &stats));
     if (result.skipped) return result;
   }
   stats.seconds = Since(start);
@@ -320,9 +328,10 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
   return result;
 }
 
-Status OptimizerState::UpdatePiece(const TensorGrads& g, float* params, void* m, void* v,
-                                   uint64_t first, uint64_t n, const AdamHyper& hyper,
-                                   float grad_scale, const std::string& label, StepStats* stats) {
+Status OptimizerState::UpdatePiece(size_t t, const TensorGrads& g, float* params, void* m,
+                                   void* v, uint64_t first, uint64_t n, const AdamHyper& hyper,
+                                   float grad_scale, ParamSink* sink, const std::string& label,
+                                   StepStats* stats) {
   AdamShard shard;
   shard.params = params;
   shard.n = n;
@@ -332,25 +341,35 @@ Status OptimizerState::UpdatePiece(const TensorGrads& g, float* params, void* m,
   shard.grads = static_cast<const char*>(g.grads) + first * DTypeBytes(g.dtype);
   shard.grad_dtype = g.dtype;
   shard.copy = g.copy;
-  if (g.copy != ParamCopy::kNone) shard.param_copy = static_cast<char*>(g.param_copy) + first * 2;
+  if (sink != nullptr) {
+    ZO_ASSIGN_OR_RETURN(void* copy, sink->Begin(t, first, n));
+    if (g.copy != ParamCopy::kNone) shard.param_copy = copy;
+  } else if (g.copy != ParamCopy::kNone) {
+    shard.param_copy = static_cast<char*>(g.param_copy) + first * 2;
+  }
   shard.index_offset = first;
   const auto t0 = Clock::now();
-  const Status status = internal::AdamUpdateTraced(shard, hyper, grad_scale, options_.threads,
-                                                   options_.tracer, label);
+  ZO_RETURN_IF_ERROR(internal::AdamUpdateTraced(shard, g.hyper != nullptr ? *g.hyper : hyper,
+                                                grad_scale, options_.threads, tracer_, label));
   stats->adam_seconds += Since(t0);
-  if (options_.tracer != nullptr) {
-    options_.tracer->Record(kStepTrack, StrCat("adam ", label), t0, Clock::now());
-  }
-  return status;
+  if (tracer_ != nullptr) tracer_->Record(kStepTrack, StrCat("adam ", label), t0, Clock::now());
+  return sink != nullptr ? sink->End(t, first, n, params) : Status::Ok();
 }
 
 Status OptimizerState::UpdateInHost(std::span<const TensorGrads> grads, const AdamHyper& hyper,
-                                    float grad_scale, StepStats* stats) {
+                                    float grad_scale, ParamSink* sink, StepStats* stats) {
+  const StatePrecision p = options_.precision;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     if (!in_host(i)) continue;
-    ZO_RETURN_IF_ERROR(UpdatePiece(grads[i], params_[i].as<float>(), m_[i].data(), v_[i].data(), 0,
-                                   tensors_[i].n, hyper, grad_scale, tensors_[i].name, stats)
-                           .WithContext(StrCat("updating '", tensors_[i].name, "'")));
+    const uint64_t n = tensors_[i].n;
+    for (uint64_t first = 0; first < n; first += chunk_) {
+      const uint64_t moment = AdamMomentBytes(p, first);  // the chunk's image (see m_)
+      ZO_RETURN_IF_ERROR(UpdatePiece(i, grads[i], params_[i].as<float>() + first,
+                                     m_[i].data() + moment, v_[i].data() + moment, first,
+                                     std::min(chunk_, n - first), hyper, grad_scale, sink,
+                                     tensors_[i].name, stats)
+                             .WithContext(StrCat("updating '", tensors_[i].name, "'")));
+    }
   }
   return Status::Ok();
 }
@@ -362,15 +381,15 @@ Result<StepStats> OptimizerState::IoOnlyPass() {
   ZO_RETURN_IF_ERROR(broken_);
   StepStats stats;
   const auto start = Clock::now();
-  ZO_RETURN_IF_ERROR(Stream({}, nullptr, {}, &stats));
+  ZO_RETURN_IF_ERROR(Stream({}, nullptr, nullptr, {}, &stats));
   stats.seconds = Since(start);
   return stats;
 }
 
 Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHyper* hyper,
-                              const std::function<std::optional<float>()>& decide,
+                              ParamSink* sink, const std::function<std::optional<float>()>& decide,
                               StepStats* stats) {
-  Tracer* tracer = options_.tracer;
+  Tracer* tracer = tracer_;
   const size_t buffers = slots_.size();
   const PipelineOptions& po = options_.pipeline;
   const size_t lookahead = !po.overlap_read ? 0 : po.overlap_write ? buffers - 2 : buffers - 1;
@@ -438,7 +457,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
       return Status::Ok();
     }
     grad_scale = *scale;
-    if (Status s = UpdateInHost(grads, *hyper, grad_scale, stats); !s.ok()) {
+    if (Status s = UpdateInHost(grads, *hyper, grad_scale, sink, stats); !s.ok()) {
       drain_reads();
       return s.WithContext("optimizer step");
     }
@@ -459,9 +478,9 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     const Item& it = items_[k];
     const auto offsets = PartOffsets(it.n);
     if (hyper != nullptr) {
-      note(UpdatePiece(grads[it.tensor], reinterpret_cast<float*>(slot.part(offsets, 0)),
+      note(UpdatePiece(it.tensor, grads[it.tensor], reinterpret_cast<float*>(slot.part(offsets, 0)),
                        slot.part(offsets, 1), slot.part(offsets, 2), it.first, it.n, *hyper,
-                       grad_scale, tracer != nullptr ? chunk_name(k) : std::string(), stats),
+                       grad_scale, sink, tracer != nullptr ? chunk_name(k) : std::string(), stats),
            k, "updating");
       if (!status.ok()) break;
     }

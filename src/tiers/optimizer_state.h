@@ -27,7 +27,10 @@
 //    swap space reports the state as interrupted (DATA_LOSS naming it): a mix of two steps is
 //    never used; a clean close leaves it clean.
 // 5. Chunks are updated with AdamShard::index_offset set, so the result is bit-identical to
-//    one AdamUpdate over each whole tensor in memory.
+//    one AdamUpdate over each whole tensor in memory. Tensors in host memory are updated in
+//    chunks of the same size, so a ParamSink sees every tensor chunk by chunk.
+// 6. Host memory (the state in host memory and the slots) is reserved from the runtime
+//    context's host budget; the swap space, and the trace, are the context's.
 //
 // Thread-safety: one thread at a time (a step uses the Adam threads and I/O threads itself).
 #pragma once
@@ -42,9 +45,9 @@
 #include <utility>
 #include <vector>
 
-#include "common/aligned_buffer.h"
 #include "common/trace.h"
 #include "swap/swap_space.h"
+#include "tiers/runtime_context.h"
 #include "zoffload/config.h"
 #include "zoffload/cpu_adam.h"
 #include "zoffload/status.h"
@@ -72,16 +75,14 @@ struct OptimizerStateOptions {
   /// stays in host memory.
   double offload_ratio = 1.0;
   StatePrecision precision = StatePrecision::kFp32;
-  SwapSpaceOptions swap;  ///< where NVMe state lives (home kNvme)
   PipelineOptions pipeline;
-  int threads = 0;           ///< CPU Adam threads; 0 = physical cores
-  Tracer* tracer = nullptr;  ///< optional timeline of every read, write and update
+  int threads = 0;  ///< CPU Adam threads; 0 = physical cores
 
   /// From a config: offload_optimizer.device (cpu -> host, nvme -> nvme), ratio (nvme: the
   /// NVMe share; cpu: the share below 1 that stays on the GPU is the engine's, this object
   /// holds the host share), buffer_count, pipeline_read/pipeline_write,
-  /// zoffload.optimizer_state, cpu_adam_threads, NVMe paths. (zoffload.cpu_adam_bind_cores
-  /// is process-wide: SetCpuAdamCoreBinding.)
+  /// zoffload.optimizer_state, cpu_adam_threads. (NVMe paths are the runtime context's;
+  /// zoffload.cpu_adam_bind_cores is process-wide: SetCpuAdamCoreBinding.)
   static Result<OptimizerStateOptions> FromConfig(const Config& config);
 };
 
@@ -89,8 +90,22 @@ struct OptimizerStateOptions {
 struct TensorGrads {
   const void* grads = nullptr;  ///< host memory, n elements of `dtype`
   DType dtype = DType::kFp32;
-  void* param_copy = nullptr;  ///< n elements, when copy != kNone
+  void* param_copy = nullptr;  ///< n elements, when copy != kNone (and no ParamSink)
   ParamCopy copy = ParamCopy::kNone;
+  /// This tensor's hyperparameters (its parameter group's); null: the step's.
+  const AdamHyper* hyper = nullptr;
+};
+
+/// Where a step's updated parameters go, chunk by chunk, in update order: Begin gives the
+/// buffer the chunk's low-precision copy is written into (the tensor's TensorGrads::copy
+/// says which; ignored when kNone), End runs once the chunk is updated, with its fp32 master
+/// values (valid during the call only). A pipeline uploads chunk i in End while chunk i + 1
+/// is updated. Called on the stepping thread.
+class ParamSink {
+ public:
+  virtual ~ParamSink() = default;
+  virtual Result<void*> Begin(size_t tensor, uint64_t first, uint64_t n) = 0;
+  virtual Status End(size_t tensor, uint64_t first, uint64_t n, const float* master) = 0;
 };
 
 struct StepStats {
@@ -103,8 +118,10 @@ struct StepStats {
 class OptimizerState {
  public:
   /// Allocates the state of `tensors` (zero, parameters unset until Initialize). With NVMe
-  /// home, opens the swap space (reusing the tensors already stored there, sizes checked).
+  /// home, uses the context's swap space (reusing the tensors already stored there, sizes
+  /// checked). `context` must outlive the state.
   static Result<std::unique_ptr<OptimizerState>> Create(std::vector<OptimizerTensor> tensors,
+                                                        RuntimeContext& context,
                                                         OptimizerStateOptions options);
   ~OptimizerState();
 
@@ -121,14 +138,16 @@ class OptimizerState {
   /// Copies tensor i's state out: params (n floats), m and v (AdamMomentBytes each).
   Status Read(size_t i, float* params, void* m, void* v);
 
-  /// One optimizer step over every tensor; grads[i] belongs to tensor i.
+  /// One optimizer step over every tensor; grads[i] belongs to tensor i. With `sink`, the
+  /// updated parameters go to it chunk by chunk (TensorGrads::param_copy is not used).
   Result<AdamStepResult> Step(std::span<const TensorGrads> grads, const AdamHyper& hyper,
-                              float loss_scale = 1.0f, float max_grad_norm = 0.0f);
+                              float loss_scale = 1.0f, float max_grad_norm = 0.0f,
+                              ParamSink* sink = nullptr);
   /// The same reads and writes as an NVMe step, without the update: the time the disk needs
   /// for a step's bytes (the I/O bound). State is rewritten unchanged.
   Result<StepStats> IoOnlyPass();
   const StepStats& last_step() const { return last_; }
-  SwapSpace* swap() { return swap_.get(); }
+  SwapSpace* swap() { return swap_; }
 
  private:
   struct Slot;
@@ -150,16 +169,16 @@ class OptimizerState {
   // `decide` (when set) runs once the first reads are in flight and gives the gradient scale,
   // or nothing to skip the step (nothing is written then); the tensors in host memory are
   // updated right after it.
-  Status Stream(std::span<const TensorGrads> grads, const AdamHyper* hyper,
+  Status Stream(std::span<const TensorGrads> grads, const AdamHyper* hyper, ParamSink* sink,
                 const std::function<std::optional<float>()>& decide, StepStats* stats);
-  // CPU Adam over elements [first, first + n) of the tensor `g` belongs to, whose state is at
-  // params, m, v; timed into stats and traced as `label`.
-  Status UpdatePiece(const TensorGrads& g, float* params, void* m, void* v, uint64_t first,
-                     uint64_t n, const AdamHyper& hyper, float grad_scale, const std::string& label,
-                     StepStats* stats);
-  // Updates the tensors whose state is in host memory.
+  // CPU Adam over elements [first, first + n) of tensor `t`, whose state is at params, m, v;
+  // the copy goes to the sink when there is one; timed into stats and traced as `label`.
+  Status UpdatePiece(size_t t, const TensorGrads& g, float* params, void* m, void* v,
+                     uint64_t first, uint64_t n, const AdamHyper& hyper, float grad_scale,
+                     ParamSink* sink, const std::string& label, StepStats* stats);
+  // Updates the tensors whose state is in host memory, chunk by chunk.
   Status UpdateInHost(std::span<const TensorGrads> grads, const AdamHyper& hyper, float grad_scale,
-                      StepStats* stats);
+                      ParamSink* sink, StepStats* stats);
 
   std::vector<OptimizerTensor> tensors_;
   OptimizerStateOptions options_;
@@ -169,9 +188,13 @@ class OptimizerState {
   std::string key_;                 // the swap tensor
   uint64_t block_ = 0;
   // The state of the tensors in host memory (empty buffers for those on NVMe).
-  std::vector<AlignedBuffer> params_, m_, v_;
+  // The moments are laid out chunk after chunk, as in the swap tensor: chunk c's image
+  // (codes, then for int8 its scales) at AdamMomentBytes(precision, c * chunk_).
+  std::vector<HostMemory> params_, m_, v_;
+  RuntimeContext::Impl* rt_ = nullptr;
+  Tracer* tracer_ = nullptr;  // the context's
   // The NVMe part.
-  std::unique_ptr<SwapSpace> swap_;
+  SwapSpace* swap_ = nullptr;  // the context's
   std::vector<std::unique_ptr<Slot>> slots_;
   Status broken_;  // set when a step failed midway
   StepStats last_;

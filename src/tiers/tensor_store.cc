@@ -9,14 +9,11 @@
 #include <unordered_map>
 
 #include "build_info.h"
-#include "common/aligned_buffer.h"
 #include "common/strings.h"
 #include "swap/swap_space.h"
+#include "tiers/runtime_context.h"
 #if ZO_HAVE_CUDA
-#include "gpu/copy_engine.h"
-#include "gpu/device_buffer.h"
 #include "gpu/gpu_info.h"
-#include "gpu/pinned_pool.h"
 #endif
 
 namespace zoffload {
@@ -57,46 +54,16 @@ Tier PlacementFor(TensorRole role, const Config& config) {
   return tier(zero.offload_optimizer.device);
 }
 
-TensorStoreOptions TensorStoreOptions::FromConfig(const Config& config) {
-  TensorStoreOptions o;
-  const TierBudgets& b = config.zoffload.budgets;
-  o.host_budget_bytes = b.pinned_host_bytes.value_or(b.host_bytes.value_or(0));
-  o.gpu_budget_bytes = b.gpu_bytes.value_or(0);
-  auto swap = SwapSpaceOptions::ForOptimizerState(config);
-  if (swap.ok()) o.nvme_paths = swap->paths;
-  o.aio = config.aio;
-  o.pin_host = config.zero_optimization.offload_optimizer.pin_memory ||
-               config.zero_optimization.offload_param.pin_memory;
-  return o;
-}
-
 namespace internal {
-
-// Host memory: pinned when the store has a pinned pool, aligned otherwise.
-struct HostBlock {
-  AlignedBuffer aligned;
-#if ZO_HAVE_CUDA
-  PinnedBuffer pinned;
-  bool is_pinned() const { return pinned.data() != nullptr; }
-#endif
-  std::byte* data() const {
-#if ZO_HAVE_CUDA
-    if (is_pinned()) return pinned.data();
-#endif
-    return const_cast<std::byte*>(aligned.data());
-  }
-  bool empty() const { return data() == nullptr; }
-  void Reset() { *this = HostBlock(); }
-};
 
 struct StoreEntry {
   std::string key;
   DType dtype = DType::kFp32;
   uint64_t bytes = 0;
   Tier home = Tier::kHost;
-  HostBlock host;  // host home; the cache of an nvme tensor; kept while a GPU copy exists
+  HostMemory host;  // host home; the cache of an nvme tensor; kept while a GPU copy exists
 #if ZO_HAVE_CUDA
-  DeviceBuffer device;  // gpu home, or the GPU copy of a host or nvme tensor
+  DeviceMemory device;  // gpu home, or the GPU copy of a host or nvme tensor
 #endif
   int host_leases = 0, gpu_leases = 0, writers = 0;
   bool dirty = false;         // nvme: the host copy is newer than the disk's
@@ -143,38 +110,23 @@ struct LeaseState {
 using internal::StoreEntry;
 
 struct TensorStore::Impl {
-  TensorStoreOptions options;
+  explicit Impl(RuntimeContext::Impl& runtime) : rt(runtime) {}
+  RuntimeContext::Impl& rt;  // budgets, swap space, pinned pool, copy engine
   mutable std::mutex mu;
   std::unordered_map<std::string, std::unique_ptr<StoreEntry>> entries;
-  std::unique_ptr<SwapSpace> swap;  // opened on the first nvme tensor
+  SwapSpace* swap = nullptr;  // the context's, once the first nvme tensor is registered
 #if ZO_HAVE_CUDA
-  std::unique_ptr<PinnedPool> pinned;  // when a GPU is usable
-  bool pin_host = false;               // host tensors and caches from `pinned`
-  std::unique_ptr<CopyEngine> copies;  // made on the first GPU copy
+  CopyEngine* copies = nullptr;  // the context's, once the first GPU copy is made
 #endif
-  uint64_t host_used = 0, gpu_used = 0, tick = 0;
+  uint64_t host_used = 0, gpu_used = 0, tick = 0;  // this store's share of the budgets
   Stats stats;
   // Next-use eviction: the acquisition order until a key comes round again, then the cycle.
   std::vector<std::string> history;
   std::unordered_map<std::string, std::vector<size_t>> cycle;  // key -> positions in it
   size_t cycle_length = 0, position = 0;
 
-  static uint64_t Budget(uint64_t budget) {
-    return budget == 0 ? std::numeric_limits<uint64_t>::max() : budget;
-  }
-  uint64_t HostBudget() const { return Budget(options.host_budget_bytes); }
-  uint64_t GpuBudget() const { return Budget(options.gpu_budget_bytes); }
-
-  Result<internal::HostBlock> AllocateHost(uint64_t bytes) {
-    internal::HostBlock block;
-#if ZO_HAVE_CUDA
-    if (pin_host) {
-      ZO_ASSIGN_OR_RETURN(block.pinned, pinned->Allocate(bytes));
-      return block;
-    }
-#endif
-    ZO_ASSIGN_OR_RETURN(block.aligned, AlignedBuffer::Allocate(bytes, 4096));
-    return block;
+  Result<HostMemory> AllocateHost(uint64_t bytes, const std::string& key) {
+    return rt.AllocateHost(bytes, StrCat("tensor '", key, "'"), /*pin=*/true);
   }
 
   void NoteAccess(const std::string& key) {
@@ -254,7 +206,7 @@ struct TensorStore::Impl {
   Status Download(StoreEntry& e) {
 #if ZO_HAVE_CUDA
     if (!e.has_device() || !e.device_dirty) return Status::Ok();
-    if (e.host.is_pinned()) {
+    if (e.host.pinned()) {
       ZO_ASSIGN_OR_RETURN(CopyToken t,
                           copies->DeviceToHost(e.host.data(), e.device.data(), e.bytes));
       ZO_RETURN_IF_ERROR(t.Wait());
@@ -276,7 +228,7 @@ struct TensorStore::Impl {
     if (!e.has_device()) return Status::Ok();
     FinishUpload(e).IgnoreError();  // being dropped: its data no longer matters
     ZO_RETURN_IF_ERROR(Download(e));
-    e.device = DeviceBuffer();
+    e.device.Reset();
     gpu_used -= e.bytes;
 #else
     (void)e;
@@ -286,7 +238,7 @@ struct TensorStore::Impl {
 
   // Frees host copies of nvme tensors until `bytes` more fit in the host budget (mu held).
   Status MakeRoom(uint64_t bytes, const std::string& for_key) {
-    while (host_used + bytes > HostBudget()) {
+    while (!rt.host_budget().Fits(bytes)) {
       StoreEntry* victim = Victim([](StoreEntry& e) {
         if (e.home != Tier::kNvme || e.host.empty() || e.host_leases + e.gpu_leases > 0) {
           return false;
@@ -295,10 +247,11 @@ struct TensorStore::Impl {
         return !e.Loading();
       });
       if (victim == nullptr) {
-        return ResourceExhaustedError(
-            StrCat("tensor store: host budget ", HumanBytes(HostBudget()), " cannot hold '",
-                   for_key, "' (", HumanBytes(bytes), "): ", HumanBytes(host_used),
-                   " in use by host tensors and leased or loading NVMe tensors"));
+        return ResourceExhaustedError(StrCat(
+            "tensor store: the host budget ", HumanBytes(rt.host_budget().limit()),
+            " cannot hold '", for_key, "' (", HumanBytes(bytes), "): ",
+            HumanBytes(rt.host_budget().used()), " in use, ", HumanBytes(host_used),
+            " of it by this store's host tensors and leased or loading NVMe tensors"));
       }
       ZO_RETURN_IF_ERROR(DropDevice(*victim));
       if (victim->dirty) ZO_RETURN_IF_ERROR(WriteBack(*victim));
@@ -311,14 +264,14 @@ struct TensorStore::Impl {
 
   // Frees GPU copies until `bytes` more fit in the GPU budget (mu held).
   Status MakeGpuRoom(uint64_t bytes, const std::string& for_key) {
-    while (gpu_used + bytes > GpuBudget()) {
+    while (!rt.gpu_budget().Fits(bytes)) {
       StoreEntry* victim =
           Victim([](StoreEntry& e) { return e.has_device() && e.gpu_leases == 0; });
       if (victim == nullptr) {
-        return ResourceExhaustedError(StrCat("tensor store: GPU budget ", HumanBytes(GpuBudget()),
-                                             " cannot hold '", for_key, "' (", HumanBytes(bytes),
-                                             "): ", HumanBytes(gpu_used),
-                                             " in use by gpu tensors and leased GPU copies"));
+        return ResourceExhaustedError(StrCat(
+            "tensor store: the GPU budget ", HumanBytes(rt.gpu_budget().limit()), " cannot hold '",
+            for_key, "' (", HumanBytes(bytes), "): ", HumanBytes(rt.gpu_budget().used()),
+            " in use, ", HumanBytes(gpu_used), " of it by this store's gpu tensors and leased GPU copies"));
       }
       ZO_RETURN_IF_ERROR(DropDevice(*victim));
       ++stats.gpu_evictions;
@@ -335,7 +288,7 @@ struct TensorStore::Impl {
     }
     ++stats.misses;
     ZO_RETURN_IF_ERROR(MakeRoom(e.bytes, e.key));
-    ZO_ASSIGN_OR_RETURN(e.host, AllocateHost(e.bytes));
+    ZO_ASSIGN_OR_RETURN(e.host, AllocateHost(e.bytes, e.key));
     host_used += e.bytes;
     if (!read) return Status::Ok();
     if (!e.on_disk) {  // never written: zeros
@@ -347,7 +300,7 @@ struct TensorStore::Impl {
     on_done = [this, entry = &e](const Status& status) {
       std::lock_guard move_lock(entry->move_mu);
       entry->load_landed = status.ok();
-      if (!status.ok() || !entry->upload_after_load || !entry->host.is_pinned()) return;
+      if (!status.ok() || !entry->upload_after_load || !entry->host.pinned()) return;
       entry->upload_after_load = false;
       entry->upload_status = StartUpload(*entry);
     };
@@ -382,7 +335,7 @@ struct TensorStore::Impl {
 #if ZO_HAVE_CUDA
   // host copy -> GPU copy (move_mu held).
   Status StartUpload(StoreEntry& e) {
-    if (e.host.is_pinned()) {
+    if (e.host.pinned()) {
       ZO_ASSIGN_OR_RETURN(e.upload, copies->HostToDevice(e.device.data(), e.host.data(), e.bytes));
     } else {
       ZO_ASSIGN_OR_RETURN(e.upload,
@@ -398,12 +351,7 @@ struct TensorStore::Impl {
   Status Upload(StoreEntry& e, bool fill) {
 #if ZO_HAVE_CUDA
     if (copies == nullptr) {
-      ZO_RETURN_IF_ERROR(UsableGpuCount().status());
-      if (pinned == nullptr) {
-        return FailedPreconditionError(
-            "tensor store: a GPU appeared after the store was opened; reopen it");
-      }
-      ZO_ASSIGN_OR_RETURN(copies, CopyEngine::Create(*pinned));
+      ZO_ASSIGN_OR_RETURN(copies, rt.Copies());
     }
     if (e.has_device()) {
       ++stats.gpu_hits;
@@ -411,7 +359,7 @@ struct TensorStore::Impl {
     }
     ++stats.gpu_misses;
     ZO_RETURN_IF_ERROR(MakeGpuRoom(e.bytes, e.key));
-    ZO_ASSIGN_OR_RETURN(e.device, DeviceBuffer::Allocate(e.bytes));
+    ZO_ASSIGN_OR_RETURN(e.device, rt.AllocateDevice(e.bytes, StrCat("the GPU copy of '", e.key, "'")));
     gpu_used += e.bytes;
     if (!fill) return Status::Ok();
     stats.bytes_to_gpu += e.bytes;
@@ -572,19 +520,8 @@ TensorStore::~TensorStore() {
   }
 }
 
-Result<std::unique_ptr<TensorStore>> TensorStore::Open(TensorStoreOptions options) {
-  auto impl = std::make_unique<Impl>();
-  impl->options = std::move(options);
-#if ZO_HAVE_CUDA
-  if (UsableGpuCount().ok()) {
-    PinnedPoolOptions po;
-    po.device = impl->options.device;  // the store enforces the host budget itself
-    ZO_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::Create(po));
-    impl->pinned = std::make_unique<PinnedPool>(std::move(pool));
-    impl->pin_host = impl->options.pin_host;
-  }
-#endif
-  return std::unique_ptr<TensorStore>(new TensorStore(std::move(impl)));
+Result<std::unique_ptr<TensorStore>> TensorStore::Open(RuntimeContext& context) {
+  return std::unique_ptr<TensorStore>(new TensorStore(std::make_unique<Impl>(context.impl())));
 }
 
 Status TensorStore::Register(const std::string& key, DType dtype, uint64_t elements, Tier home) {
@@ -606,7 +543,7 @@ Status TensorStore::Register(const std::string& key, DType dtype, uint64_t eleme
   switch (home) {
     case Tier::kHost: {
       ZO_RETURN_IF_ERROR(s.MakeRoom(bytes, key));
-      ZO_ASSIGN_OR_RETURN(e->host, s.AllocateHost(bytes));
+      ZO_ASSIGN_OR_RETURN(e->host, s.AllocateHost(bytes, key));
       std::memset(e->host.data(), 0, bytes);
       s.host_used += bytes;
       break;
@@ -615,7 +552,7 @@ Status TensorStore::Register(const std::string& key, DType dtype, uint64_t eleme
 #if ZO_HAVE_CUDA
       ZO_RETURN_IF_ERROR(UsableGpuCount().status());
       ZO_RETURN_IF_ERROR(s.MakeGpuRoom(bytes, key));
-      ZO_ASSIGN_OR_RETURN(e->device, DeviceBuffer::Allocate(bytes));
+      ZO_ASSIGN_OR_RETURN(e->device, s.rt.AllocateDevice(bytes, StrCat("tensor '", key, "'")));
       s.gpu_used += bytes;
       break;
 #else
@@ -625,16 +562,11 @@ Status TensorStore::Register(const std::string& key, DType dtype, uint64_t eleme
     }
     case Tier::kNvme: {
       if (s.swap == nullptr) {
-        if (s.options.nvme_paths.empty()) {
-          return InvalidArgumentError(
-              StrCat("tensor store: '", key,
-                     "' lives on NVMe but no NVMe directory is configured (zoffload.nvme_paths)"));
+        auto swap = s.rt.Swap();
+        if (!swap.ok()) {
+          return swap.status().WithContext(StrCat("tensor store: '", key, "' lives on NVMe"));
         }
-        SwapSpaceOptions so;
-        so.paths = s.options.nvme_paths;
-        so.aio = s.options.aio;
-        so.checksums = s.options.checksums;
-        ZO_ASSIGN_OR_RETURN(s.swap, SwapSpace::Open(std::move(so)));
+        s.swap = *swap;
       }
       e->on_disk = s.swap->Contains(key);
       ZO_RETURN_IF_ERROR(s.swap->Allocate(key, bytes));

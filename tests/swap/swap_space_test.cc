@@ -166,16 +166,14 @@ TEST_P(SwapSpaceTest, FlippedByteIsDetectedWithKeyAndOffset) {
       << back.status();
 }
 
-// caller_checksums: the caller computes block checksums before writing and verifies after
+// ChecksumBy::kCaller: the caller computes block checksums before writing and verifies after
 // reading; the I/O threads do neither, and the result is the same protection.
 TEST_P(SwapSpaceTest, CallerChecksumsProtectTheSameWay) {
   TempDir dir;
-  SwapSpaceOptions o = Options({dir.path()});
-  o.caller_checksums = true;
-  auto swap = SwapSpace::Open(o);
+  auto swap = SwapSpace::Open(Options({dir.path()}));
   ASSERT_TRUE(swap.ok());
   const auto data = RandomBytes(3 * kBlock + 5, 9);
-  ASSERT_TRUE((*swap)->Allocate("c", data.size()).ok());
+  ASSERT_TRUE((*swap)->Allocate("c", data.size(), SwapSpace::ChecksumBy::kCaller).ok());
   ASSERT_TRUE((*swap)->Checksum("c", 0, data, 2).ok());
   ASSERT_TRUE((*swap)->Write("c", 0, data).Wait().ok());
   ASSERT_TRUE((*swap)->Commit().ok());
@@ -420,25 +418,6 @@ TEST_P(SwapSpaceTest, AllocateRules) {
   EXPECT_GE((*swap)->reserved_bytes(), 1000u);
   EXPECT_EQ((*swap)->Remove("nope").code(), StatusCode::kNotFound);
   EXPECT_EQ((*swap)->Read("nope", 0, {}).Wait().code(), StatusCode::kNotFound);
-}
-
-TEST(SwapSpaceOptionsTest, ForOptimizerStateFollowsTheConfig) {
-  auto striped = ParseConfig(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
-      {"device": "nvme", "nvme_path": "/single"}}, "zoffload": {"nvme_paths": ["/a", "/b"]},
-      "aio": {"block_size": 2097152, "queue_depth": 16}})");
-  ASSERT_TRUE(striped.ok()) << striped.status();
-  auto o = SwapSpaceOptions::ForOptimizerState(*striped);
-  ASSERT_TRUE(o.ok());
-  EXPECT_EQ(o->paths, (std::vector<std::string>{"/a", "/b"}));
-  EXPECT_EQ(o->aio.block_size, 2097152);
-  EXPECT_EQ(o->aio.queue_depth, 16);
-  auto single = ParseConfig(R"({"zero_optimization": {"stage": 2, "offload_optimizer":
-      {"device": "nvme", "nvme_path": "/single"}}})");
-  ASSERT_TRUE(single.ok());
-  EXPECT_EQ(SwapSpaceOptions::ForOptimizerState(*single)->paths,
-            std::vector<std::string>{"/single"});
-  EXPECT_EQ(SwapSpaceOptions::ForOptimizerState(Config{}).status().code(),
-            StatusCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, SwapSpaceTest,

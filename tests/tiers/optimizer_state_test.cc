@@ -73,15 +73,39 @@ std::vector<OptimizerTensor> Tensors() {
   return tensors;
 }
 
-OptimizerStateOptions Options(StateHome home, StatePrecision precision, const std::string& dir) {
-  OptimizerStateOptions o;
-  o.home = home;
-  o.precision = precision;
-  o.swap.paths = {dir};
-  o.swap.aio.block_size = 64 << 10;
-  o.pipeline.chunk_elements = kChunk;
-  o.threads = 2;
+// The state's options and those of the runtime context it is made in.
+struct TestOptions {
+  OptimizerStateOptions state;
+  RuntimeOptions runtime;
+};
+
+TestOptions Options(StateHome home, StatePrecision precision, const std::string& dir) {
+  TestOptions o;
+  o.state.home = home;
+  o.state.precision = precision;
+  o.state.pipeline.chunk_elements = kChunk;
+  o.state.threads = 2;
+  o.runtime.nvme_paths = {dir};
+  o.runtime.aio.block_size = 64 << 10;
   return o;
+}
+
+// An OptimizerState in a runtime context of its own (closed after the state).
+struct StateUnderTest {
+  std::unique_ptr<RuntimeContext> context;
+  std::unique_ptr<OptimizerState> state;
+  OptimizerState* operator->() const { return state.get(); }
+  void reset() {
+    state.reset();
+    context.reset();
+  }
+};
+
+Result<StateUnderTest> Make(std::vector<OptimizerTensor> tensors, const TestOptions& o) {
+  StateUnderTest s;
+  ZO_ASSIGN_OR_RETURN(s.context, RuntimeContext::Create(o.runtime));
+  ZO_ASSIGN_OR_RETURN(s.state, OptimizerState::Create(std::move(tensors), *s.context, o.state));
+  return s;
 }
 
 struct Variant {
@@ -106,14 +130,13 @@ class OptimizerStateTest : public ::testing::TestWithParam<Variant> {};
 TEST_P(OptimizerStateTest, StepsAreBitIdenticalToInMemoryAdam) {
   const Variant variant = GetParam();
   TempDir dir;
-  OptimizerStateOptions o = Options(variant.home, variant.precision, dir.path());
-  o.pipeline.buffers = variant.pipeline.buffers;
-  o.pipeline.overlap_read = variant.pipeline.overlap_read;
-  o.pipeline.overlap_write = variant.pipeline.overlap_write;
-  o.offload_ratio = variant.offload_ratio;
-  Tracer tracer(dir.File("trace.json"));
-  o.tracer = &tracer;
-  auto state = OptimizerState::Create(Tensors(), o);
+  TestOptions o = Options(variant.home, variant.precision, dir.path());
+  o.state.pipeline.buffers = variant.pipeline.buffers;
+  o.state.pipeline.overlap_read = variant.pipeline.overlap_read;
+  o.state.pipeline.overlap_write = variant.pipeline.overlap_write;
+  o.state.offload_ratio = variant.offload_ratio;
+  o.runtime.trace_path = dir.File("trace.json");
+  auto state = Make(Tensors(), o);
   ASSERT_TRUE(state.ok()) << state.status();
   Reference ref(variant.precision, 1);
   for (size_t i = 0; i < kSizes.size(); ++i) {
@@ -175,8 +198,9 @@ TEST_P(OptimizerStateTest, StepsAreBitIdenticalToInMemoryAdam) {
     EXPECT_GT(nvme_elements, 0u);
     EXPECT_LE((*state)->host_bytes(),
               host_state + static_cast<uint64_t>(variant.pipeline.buffers) * 3 * (128 << 10));
-    EXPECT_GT(tracer.events(), 0u);
   }
+  Tracer& tracer = *state->context->impl().tracer();
+  EXPECT_GT(tracer.events(), 0u);
   ASSERT_TRUE(tracer.Write().ok());
   std::ifstream trace(dir.File("trace.json"));
   std::string text((std::istreambuf_iterator<char>(trace)), {});
@@ -206,16 +230,16 @@ TEST(OptimizerStateFaults, OverflowSkipsWithoutWriting) {
   TempDir dir;
   auto plan = std::make_shared<FaultPlan>(
       std::vector<FaultRule>{{IoOp::kWrite, FaultRule::Action::kFail, 0, -1, EIO}});
-  OptimizerStateOptions o = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
-  auto state = OptimizerState::Create(Tensors(), o);
+  TestOptions o = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
+  auto state = Make(Tensors(), o);
   ASSERT_TRUE(state.ok()) << state.status();
   Reference ref(StatePrecision::kFp32, 3);
   for (size_t i = 0; i < kSizes.size(); ++i) {
     ASSERT_TRUE((*state)->Initialize(i, ref.params[i].data()).ok());
   }
   state->reset();
-  o.swap.wrap_backend = InjectFaults(plan);  // from now on every write would fail
-  state = OptimizerState::Create(Tensors(), o);
+  o.runtime.wrap_backend = InjectFaults(plan);  // from now on every write would fail
+  state = Make(Tensors(), o);
   ASSERT_TRUE(state.ok()) << state.status();
   auto grads = RandomGrads(7);
   grads[2][5] = 0x7FC0;  // bf16 NaN
@@ -240,12 +264,12 @@ TEST(OptimizerStateFaults, ReadErrorAndChecksumMismatchFailTheStepClearly) {
     TempDir dir;
     std::vector<std::string> names;
     {
-      OptimizerStateOptions o = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
+      TestOptions o = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
       if (fault == 0) {
-        o.swap.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
+        o.runtime.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
             std::vector<FaultRule>{{IoOp::kRead, FaultRule::Action::kFail, 9, 1, EIO}}));
       }
-      auto state = OptimizerState::Create(Tensors(), o);
+      auto state = Make(Tensors(), o);
       ASSERT_TRUE(state.ok()) << state.status();
       Reference ref(StatePrecision::kFp32, 3);
       for (size_t i = 0; i < kSizes.size(); ++i) {
@@ -291,7 +315,7 @@ TEST(OptimizerStateFaults, ReadErrorAndChecksumMismatchFailTheStepClearly) {
       EXPECT_NE(again.status().message().find("earlier optimizer step failed"), std::string::npos)
           << again.status();
     }
-    auto reopened = OptimizerState::Create(
+    auto reopened = Make(
         Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
     ASSERT_FALSE(reopened.ok());
     EXPECT_EQ(reopened.status().code(), StatusCode::kDataLoss) << reopened.status();
@@ -304,7 +328,7 @@ TEST(OptimizerStateFaults, ReadErrorAndChecksumMismatchFailTheStepClearly) {
 TEST(OptimizerStateFaults, KilledMidStepIsReportedOnReopen) {
   TempDir dir;
   {
-    auto state = OptimizerState::Create(
+    auto state = Make(
         Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
     ASSERT_TRUE(state.ok()) << state.status();
     Reference ref(StatePrecision::kFp32, 5);
@@ -317,11 +341,11 @@ TEST(OptimizerStateFaults, KilledMidStepIsReportedOnReopen) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    OptimizerStateOptions o = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
-    o.threads = 1;  // libgomp's thread pool does not survive fork(); one thread needs none
-    o.swap.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
+    TestOptions o = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
+    o.state.threads = 1;  // libgomp's thread pool does not survive fork(); one thread needs none
+    o.runtime.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
         std::vector<FaultRule>{{IoOp::kWrite, FaultRule::Action::kDelay, 0, -1, 0, 0, 200}}));
-    auto state = OptimizerState::Create(Tensors(), o);
+    auto state = Make(Tensors(), o);
     if (!state.ok()) ::_exit(3);
     const auto grads = RandomGrads(13);
     std::vector<TensorGrads> tg;
@@ -337,7 +361,7 @@ TEST(OptimizerStateFaults, KilledMidStepIsReportedOnReopen) {
   int status;
   ::waitpid(child, &status, 0);
   ASSERT_TRUE(WIFSIGNALED(status)) << "the child finished its step before the kill";
-  auto reopened = OptimizerState::Create(
+  auto reopened = Make(
       Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
   ASSERT_FALSE(reopened.ok()) << "the killed step was not detected";
   EXPECT_EQ(reopened.status().code(), StatusCode::kDataLoss) << reopened.status();
@@ -349,24 +373,24 @@ TEST(OptimizerStateFaults, KilledMidStepIsReportedOnReopen) {
 
 TEST(OptimizerStateTest, RejectsBadInput) {
   TempDir dir;
-  EXPECT_EQ(OptimizerState::Create({{"a", 5}, {"a", 6}},
+  EXPECT_EQ(Make({{"a", 5}, {"a", 6}},
                                    Options(StateHome::kHost, StatePrecision::kFp32, dir.path()))
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(OptimizerState::Create({{"a", 0}},
+  EXPECT_EQ(Make({{"a", 0}},
                                    Options(StateHome::kHost, StatePrecision::kFp32, dir.path()))
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
-  OptimizerStateOptions one = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
-  one.pipeline.buffers = 1;
-  auto refused = OptimizerState::Create({{"a", 5}}, one);
+  TestOptions one = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
+  one.state.pipeline.buffers = 1;
+  auto refused = Make({{"a", 5}}, one);
   EXPECT_NE(refused.status().message().find("buffer_count"), std::string::npos) << refused.status();
-  auto missing = OptimizerState::Create(
+  auto missing = Make(
       {{"a", 5}}, Options(StateHome::kNvme, StatePrecision::kFp32, dir.File("nope")));
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status();
-  auto host = OptimizerState::Create({{"a", 5}},
+  auto host = Make({{"a", 5}},
                                      Options(StateHome::kHost, StatePrecision::kFp32, dir.path()));
   ASSERT_TRUE(host.ok());
   std::vector<uint16_t> g(5);

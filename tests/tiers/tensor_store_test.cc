@@ -55,6 +55,25 @@ std::vector<std::byte> Get(const Lease& lease) {
   return out;
 }
 
+// A TensorStore in a runtime context of its own (closed after the store).
+struct StoreUnderTest {
+  std::unique_ptr<RuntimeContext> context;
+  std::unique_ptr<TensorStore> store;
+  TensorStore* operator->() const { return store.get(); }
+  TensorStore& operator*() const { return *store; }
+  void reset() {
+    store.reset();
+    context.reset();
+  }
+};
+
+Result<StoreUnderTest> OpenStore(const RuntimeOptions& options) {
+  StoreUnderTest s;
+  ZO_ASSIGN_OR_RETURN(s.context, RuntimeContext::Create(options));
+  ZO_ASSIGN_OR_RETURN(s.store, TensorStore::Open(*s.context));
+  return s;
+}
+
 class TierConformance : public ::testing::TestWithParam<Tier> {
  protected:
   void SetUp() override {
@@ -71,11 +90,11 @@ class TierConformance : public ::testing::TestWithParam<Tier> {
     options_.gpu_budget_bytes = 64 << 20;
   }
   TempDir dir_;
-  TensorStoreOptions options_;
+  RuntimeOptions options_;
 };
 
 TEST_P(TierConformance, WhatIsWrittenIsReadBack) {
-  auto store = TensorStore::Open(options_);
+  auto store = OpenStore(options_);
   ASSERT_TRUE(store.ok()) << store.status();
   const Tier tier = GetParam();
   for (uint64_t n : {uint64_t{1}, uint64_t{4095}, uint64_t{65536}, uint64_t{(1 << 20) + 3}}) {
@@ -99,7 +118,7 @@ TEST_P(TierConformance, WhatIsWrittenIsReadBack) {
 }
 
 TEST_P(TierConformance, FreshTensorsReadAsZeros) {
-  auto store = TensorStore::Open(options_);
+  auto store = OpenStore(options_);
   ASSERT_TRUE(store.ok());
   if (GetParam() == Tier::kGpu) GTEST_SKIP() << "device memory is not zeroed by the store";
   ASSERT_TRUE((*store)->Register("z", DType::kFp32, 1000, GetParam()).ok());
@@ -109,7 +128,7 @@ TEST_P(TierConformance, FreshTensorsReadAsZeros) {
 }
 
 TEST_P(TierConformance, BadRequestsAreClearErrors) {
-  auto store = TensorStore::Open(options_);
+  auto store = OpenStore(options_);
   ASSERT_TRUE(store.ok());
   const Tier tier = GetParam();
   EXPECT_EQ((*store)->Acquire("missing", Access::kRead).Get().status().code(),
@@ -140,8 +159,8 @@ INSTANTIATE_TEST_SUITE_P(Tiers, TierConformance,
                            return std::string(ToString(param_info.param));
                          });
 
-TensorStoreOptions NvmeOptions(const std::string& dir, uint64_t budget) {
-  TensorStoreOptions o;
+RuntimeOptions NvmeOptions(const std::string& dir, uint64_t budget) {
+  RuntimeOptions o;
   o.nvme_paths = {dir};
   o.aio.block_size = 64 << 10;
   o.host_budget_bytes = budget;
@@ -158,8 +177,8 @@ void RegisterTensors(TensorStore& store, int tensors) {
 
 // A fresh store over `options`' directory finds tensors w0.. (1 MiB each) holding `counter`
 // in their first 4 bytes.
-void ExpectCountersOnDisk(const TensorStoreOptions& options, int tensors, uint32_t counter) {
-  auto store = TensorStore::Open(options);
+void ExpectCountersOnDisk(const RuntimeOptions& options, int tensors, uint32_t counter) {
+  auto store = OpenStore(options);
   ASSERT_TRUE(store.ok()) << store.status();
   RegisterTensors(**store, tensors);
   for (int t = 0; t < tensors; ++t) {
@@ -175,7 +194,7 @@ void ExpectCountersOnDisk(const TensorStoreOptions& options, int tensors, uint32
 // would miss every access; next use (the recorded cycle) keeps two of three hits per cycle.
 TEST(TensorStoreNvme, EvictsByNextUseAndWritesBackDirtyTensors) {
   TempDir dir;
-  auto store = TensorStore::Open(NvmeOptions(dir.path(), 3 << 20));
+  auto store = OpenStore(NvmeOptions(dir.path(), 3 << 20));
   ASSERT_TRUE(store.ok());
   constexpr int kTensors = 6;
   RegisterTensors(**store, kTensors);
@@ -204,7 +223,7 @@ TEST(TensorStoreNvme, EvictsByNextUseAndWritesBackDirtyTensors) {
 
 TEST(TensorStoreNvme, LeasedTensorsAreNeverEvicted) {
   TempDir dir;
-  auto store = TensorStore::Open(NvmeOptions(dir.path(), 2 << 20));
+  auto store = OpenStore(NvmeOptions(dir.path(), 2 << 20));
   ASSERT_TRUE(store.ok());
   for (const char* k : {"a", "b", "c"})
     ASSERT_TRUE((*store)->Register(k, DType::kFp32, 1 << 18, Tier::kNvme).ok());
@@ -222,7 +241,7 @@ TEST(TensorStoreNvme, LeasedTensorsAreNeverEvicted) {
 
 TEST(TensorStoreNvme, PrefetchLoadsAheadAndNoNvmePathIsAClearError) {
   TempDir dir;
-  auto store = TensorStore::Open(NvmeOptions(dir.path(), 8 << 20));
+  auto store = OpenStore(NvmeOptions(dir.path(), 8 << 20));
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE((*store)->Register("p", DType::kBf16, 1 << 19, Tier::kNvme).ok());
   {
@@ -237,9 +256,9 @@ TEST(TensorStoreNvme, PrefetchLoadsAheadAndNoNvmePathIsAClearError) {
   ASSERT_TRUE(lease.ok());
   EXPECT_EQ(lease->data()[12345], std::byte{7});
   EXPECT_GE((*store)->stats().hits, 1u);
-  TensorStoreOptions no_nvme;
+  RuntimeOptions no_nvme;
   no_nvme.pin_host = false;
-  auto bare = TensorStore::Open(no_nvme);
+  auto bare = OpenStore(no_nvme);
   ASSERT_TRUE(bare.ok());
   const Status s = (*bare)->Register("x", DType::kFp32, 10, Tier::kNvme);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
@@ -284,9 +303,9 @@ TEST_F(TensorStoreGpu, HostAndNvmeTensorsMoveToTheGpuAndBack) {
     for (bool pinned : {true, false}) {
       SCOPED_TRACE(StrCat(ToString(home), pinned ? " pinned" : " pageable"));
       const std::string key = StrCat(ToString(home), pinned ? "-pinned" : "-pageable");
-      TensorStoreOptions o = NvmeOptions(dir_.path(), 0);
+      RuntimeOptions o = NvmeOptions(dir_.path(), 0);
       o.pin_host = pinned;
-      auto store = TensorStore::Open(o);
+      auto store = OpenStore(o);
       ASSERT_TRUE(store.ok()) << store.status();
       ASSERT_TRUE((*store)->Register(key, DType::kFp32, kElements, home).ok());
       const auto a = Pattern(4 * kElements, 1), b = Pattern(4 * kElements, 2);
@@ -323,7 +342,7 @@ TEST_F(TensorStoreGpu, HostAndNvmeTensorsMoveToTheGpuAndBack) {
       ASSERT_TRUE((*store)->Flush().ok());
       if (home != Tier::kNvme) continue;
       store->reset();
-      auto again = TensorStore::Open(o);
+      auto again = OpenStore(o);
       ASSERT_TRUE(again.ok());
       ASSERT_TRUE((*again)->Register(key, DType::kFp32, kElements, home).ok());
       auto lease = (*again)->Acquire(key, Access::kRead, Tier::kGpu).Get();
@@ -331,7 +350,7 @@ TEST_F(TensorStoreGpu, HostAndNvmeTensorsMoveToTheGpuAndBack) {
       EXPECT_EQ(Get(*lease), b);
     }
   }
-  auto store = TensorStore::Open(NvmeOptions(dir_.path(), 0));
+  auto store = OpenStore(NvmeOptions(dir_.path(), 0));
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE((*store)->Register("g", DType::kBf16, 10, Tier::kGpu).ok());
   const Status s = (*store)->Acquire("g", Access::kRead, Tier::kHost).Get().status();
@@ -341,9 +360,9 @@ TEST_F(TensorStoreGpu, HostAndNvmeTensorsMoveToTheGpuAndBack) {
 // Prefetch to the GPU of an nvme tensor with a pinned host copy is a pipeline of its own: the
 // upload starts when the read completes, so the lease is ready without anyone calling Get.
 TEST_F(TensorStoreGpu, PrefetchToTheGpuUploadsWhenTheReadCompletes) {
-  TensorStoreOptions o = NvmeOptions(dir_.path(), 0);
+  RuntimeOptions o = NvmeOptions(dir_.path(), 0);
   o.pin_host = true;
-  auto store = TensorStore::Open(o);
+  auto store = OpenStore(o);
   ASSERT_TRUE(store.ok());
   constexpr uint64_t kElements = 1 << 20;
   ASSERT_TRUE((*store)->Register("w", DType::kFp32, kElements, Tier::kNvme).ok());
@@ -355,7 +374,7 @@ TEST_F(TensorStoreGpu, PrefetchToTheGpuUploadsWhenTheReadCompletes) {
   }
   ASSERT_TRUE((*store)->Flush().ok());
   store->reset();
-  store = TensorStore::Open(o);  // a cold cache: the tensor is only on disk
+  store = OpenStore(o);  // a cold cache: the tensor is only on disk
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE((*store)->Register("w", DType::kFp32, kElements, Tier::kNvme).ok());
   (*store)->Prefetch("w", Tier::kGpu);
@@ -378,9 +397,9 @@ TEST_F(TensorStoreGpu, PrefetchToTheGpuUploadsWhenTheReadCompletes) {
 // copies and four host copies: GPU copies are evicted by next use, their changes go down to
 // the host copies and, when those are evicted, to disk.
 TEST_F(TensorStoreGpu, GpuCopiesAreEvictedByNextUseAndWrittenBack) {
-  TensorStoreOptions o = NvmeOptions(dir_.path(), 4 << 20);
+  RuntimeOptions o = NvmeOptions(dir_.path(), 4 << 20);
   o.gpu_budget_bytes = 3 << 20;
-  auto store = TensorStore::Open(o);
+  auto store = OpenStore(o);
   ASSERT_TRUE(store.ok());
   constexpr int kTensors = 6;
   RegisterTensors(**store, kTensors);
@@ -413,7 +432,7 @@ TEST(TensorStore, GpuLeaseWithoutGpuIsAClearError) {
   if (UsableGpuCount().ok()) GTEST_SKIP() << "a GPU is present";
 #endif
   TempDir dir;
-  auto store = TensorStore::Open(NvmeOptions(dir.path(), 0));
+  auto store = OpenStore(NvmeOptions(dir.path(), 0));
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE((*store)->Register("h", DType::kFp32, 100, Tier::kHost).ok());
   {

@@ -153,11 +153,8 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   so.threads = o.threads;
   so.pipeline.buffers = o.buffers;
   so.pipeline.chunk_elements = o.chunk_elements;
-  std::unique_ptr<Tracer> tracer;
-  if (!o.trace_path.empty()) {
-    tracer = std::make_unique<Tracer>(o.trace_path);
-    so.tracer = tracer.get();
-  }
+  RuntimeOptions ro;
+  ro.trace_path = o.trace_path;
   if (o.state_on == StateHome::kNvme) {
     for (const std::string& path : o.paths) {
       std::string tmpl = path + "/zoffload-step-XXXXXX";
@@ -167,10 +164,10 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
       }
       temp.dirs.push_back(tmpl);
     }
-    so.swap.paths = temp.dirs;
-    so.swap.aio = o.aio;
-    so.swap.checksums = o.checksums;
-    so.swap.durable = o.durable;
+    ro.nvme_paths = temp.dirs;
+    ro.aio = o.aio;
+    ro.checksums = o.checksums;
+    ro.durable = o.durable;
   }
   std::vector<OptimizerTensor> tensors;
   const uint64_t per = o.params / o.tensors;
@@ -178,7 +175,8 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
     tensors.push_back({StrCat("layer", t, ".weight"),
                        t + 1 == o.tensors ? o.params - per * (o.tensors - 1) : per});
   }
-  ZO_ASSIGN_OR_RETURN(auto state, OptimizerState::Create(tensors, so));
+  ZO_ASSIGN_OR_RETURN(auto context, RuntimeContext::Create(std::move(ro)));
+  ZO_ASSIGN_OR_RETURN(auto state, OptimizerState::Create(tensors, *context, so));
   rec.chunk_elements = state->chunk_elements();
   rec.buffers = o.buffers;
   rec.host_bytes = state->host_bytes();
@@ -287,7 +285,7 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
                          (*std::max_element(mixed.begin(), mixed.end()) * 1e9));
     rec.io_pass_seconds = Median(io);
   }
-  if (tracer) ZO_RETURN_IF_ERROR(tracer->Write());
+  if (Tracer* tracer = context->impl().tracer()) ZO_RETURN_IF_ERROR(tracer->Write());
   return rec;
 }
 
