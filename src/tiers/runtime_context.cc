@@ -144,7 +144,7 @@ Result<HostMemory> RuntimeContext::Impl::AllocateHost(uint64_t bytes, std::strin
   memory.budget_ = &host_;
   memory.size_ = bytes;  // from here on, destroying `memory` gives the bytes back
 #if ZO_HAVE_CUDA
-  if (pin && options_.pin_host && pinned_ != nullptr) {
+  if (pin && pinned_ != nullptr) {
     ZO_ASSIGN_OR_RETURN(memory.pinned_, pinned_->Allocate(bytes));
     memory.data_ = memory.pinned_.data();
     return memory;

@@ -122,7 +122,7 @@ class RuntimeContext::Impl {
   Result<SwapSpace*> Swap();
 
   /// `bytes` of host memory for `what`, reserved from the host budget. `pin`: from the
-  /// pinned pool when a GPU is present and options().pin_host (else page-aligned memory).
+  /// pinned pool when a GPU is present (else page-aligned memory).
   /// `prefault` touches every page now (see AlignedBuffer).
   Result<HostMemory> AllocateHost(uint64_t bytes, std::string_view what, bool pin,
                                   bool prefault = false);

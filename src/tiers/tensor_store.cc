@@ -126,7 +126,7 @@ struct TensorStore::Impl {
   size_t cycle_length = 0, position = 0;
 
   Result<HostMemory> AllocateHost(uint64_t bytes, const std::string& key) {
-    return rt.AllocateHost(bytes, StrCat("tensor '", key, "'"), /*pin=*/true);
+    return rt.AllocateHost(bytes, StrCat("tensor '", key, "'"), rt.options().pin_host);
   }
 
   void NoteAccess(const std::string& key) {

@@ -1,0 +1,160 @@
+// OffloadEngine: ZeRO-Offload for one GPU — the object a training loop holds.
+//
+// The engine owns the optimizer: fp32 master weights and the Adam state (host memory or NVMe,
+// fp32/bf16/int8 moments, as the config says). The model keeps its low-precision parameters
+// in GPU memory; the engine takes each gradient as backward produces it, updates on the CPU,
+// and writes the new parameters back into the model's memory.
+//
+// One training step:
+// 1. Create registers every parameter (name, memory, elements, dtype, group); the masters
+//    start as the parameter's values (or the fp32 values given).
+// 2. GradientReady(name, grad, ...) is called as each gradient is produced (PyTorch's
+//    post-accumulate-grad hook). The engine copies it, on the caller's stream, into a GPU
+//    bucket of zero_optimization.reduce_bucket_size elements, so the caller may free the
+//    gradient as soon as the call returns. A full bucket — and the last one of each backward —
+//    goes to pinned host memory on the copy engine's D2H stream while backward runs on.
+//    With gradient_accumulation_steps > 1 the engine's worker thread adds each landed bucket
+//    into fp32 host accumulators (gradients are summed over the micro-batches; divide the
+//    loss by the number of micro-batches for their mean).
+// 3. Step() at the accumulation boundary: it waits for the gradients still in flight, then
+//    (a) the global gradient norm (float64) with the inf/NaN check, (b) the fp16 loss scale's
+//    overflow skip (nothing is written; the scale follows fp16.* of the config), (c) clipping
+//    to gradient_clipping, and (d) the CPU update of every parameter, chunk by chunk: each
+//    chunk writes its new bf16/fp16 values into a pinned staging slot in the same pass, and
+//    the slot is uploaded while the next chunk is updated. Each parameter group's
+//    hyperparameters (SetGroup) apply, so a learning-rate schedule works.
+// 4. WaitParameters(stream) makes the caller's stream wait for the uploads; the host never
+//    waits for them.
+//
+// Host-only mode: with no GPU (or EngineOptions::host_params) parameters and gradients are
+// host memory; gradients are copied (or accumulated) during GradientReady and the update
+// writes the parameters in place. The same API and the same arithmetic.
+//
+// The results are bit-identical to CPU Adam over the same gradients in memory (AdamUpdate per
+// tensor after GradientNorm and the clip decision), whatever the placement, ratio, thread
+// count or bucket size.
+//
+// Thread-safety: GradientReady may be called from any thread, but not concurrently for the
+// same parameter; Step, WaitParameters, SetGroup and ReadState from one thread, not during
+// GradientReady calls.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zoffload/config.h"
+#include "zoffload/dtype.h"
+#include "zoffload/runtime.h"
+#include "zoffload/status.h"
+
+namespace zoffload {
+
+/// A parameter group's hyperparameters (torch's param_groups); defaults are the config's
+/// optimizer.params.
+struct ParamGroup {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  ///< per the optimizer: decoupled (AdamW) or L2 (Adam)
+  static ParamGroup FromConfig(const OptimizerConfig& optimizer);
+  bool operator==(const ParamGroup&) const = default;
+};
+
+struct ParameterSpec {
+  std::string name;      ///< unique, stable (checkpoints and state are keyed by it)
+  void* data = nullptr;  ///< the model's parameter: device memory, or host memory in host mode
+  uint64_t elements = 0;
+  DType dtype = DType::kBf16;
+  /// Initial fp32 master values (host memory, `elements` floats), e.g. from an fp32
+  /// checkpoint; null: the masters start as `data`'s values.
+  const float* initial = nullptr;
+  int group = 0;  ///< index into EngineOptions::groups
+};
+
+struct EngineOptions {
+  /// Parameters and gradients are host memory and no GPU is used. Chosen anyway when no GPU
+  /// is usable (or the build has no CUDA).
+  bool host_params = false;
+  /// The parameter groups; empty: one group from the config's optimizer.params.
+  std::vector<ParamGroup> groups;
+  /// A context shared with other parts (must outlive the engine); null: the engine makes its
+  /// own from the config (RuntimeOptions::FromConfig).
+  RuntimeContext* context = nullptr;
+  /// Elements per chunk of the CPU update (and per upload); 0: the state's default (4M, int8
+  /// 16M). A multiple of 256.
+  uint64_t chunk_elements = 0;
+  int staging_slots = 4;  ///< pinned upload buffers of one chunk each; >= 2
+};
+
+/// What one Step did and how long each phase took.
+struct EngineStepStats {
+  int64_t step = 0;       ///< optimizer steps taken so far (skipped ones not counted)
+  bool skipped = false;   ///< inf/NaN gradients: nothing was updated
+  double grad_norm = 0;   ///< of the unscaled gradients
+  float clip_coef = 1;    ///< applied to the unscaled gradients
+  float loss_scale = 1;   ///< used by this step (fp16), then updated
+  double seconds = 0;     ///< the whole Step call
+  double wait_grads_seconds = 0;   ///< waiting for gradients still on their way to the host
+  double update_seconds = 0;       ///< norm, update, NVMe I/O and upload issue
+  double adam_seconds = 0;         ///< of which in CPU Adam
+  double upload_wait_seconds = 0;  ///< of which waiting for a staging slot's upload
+  double io_wait_seconds = 0;      ///< of which waiting for NVMe
+  uint64_t bytes_to_host = 0;      ///< gradients over PCIe, every micro-step of this step
+  uint64_t bytes_to_gpu = 0;       ///< parameters over PCIe
+  uint64_t nvme_bytes_read = 0, nvme_bytes_written = 0;
+};
+
+class OffloadEngine {
+ public:
+  /// Validates `config` (offload_optimizer.device cpu or nvme, bf16/fp16/fp32 as the
+  /// parameters' dtypes), allocates the state (host budget, NVMe space), and initializes the
+  /// masters. Errors name the parameter, the key or the size at fault.
+  static Result<std::unique_ptr<OffloadEngine>> Create(const Config& config,
+                                                       std::vector<ParameterSpec> params,
+                                                       EngineOptions options = {});
+  ~OffloadEngine();
+  OffloadEngine(const OffloadEngine&) = delete;
+  OffloadEngine& operator=(const OffloadEngine&) = delete;
+
+  /// Hands over parameter `name`'s gradient (`elements` of `dtype`, the parameter's): device
+  /// memory, ordered after the work enqueued on `stream` (a cudaStream_t; null: the legacy
+  /// default stream), or host memory in host mode. The memory may be reused once this
+  /// returns. Each parameter takes one gradient per micro-batch.
+  Status GradientReady(std::string_view name, const void* grad, uint64_t elements, DType dtype,
+                       void* stream = nullptr);
+  /// The optimizer step; every parameter must have had gradient_accumulation_steps gradients.
+  Result<EngineStepStats> Step();
+  /// Work enqueued on `stream` (a cudaStream_t) after this call sees the updated parameters.
+  /// The host does not wait. A no-op in host mode.
+  Status WaitParameters(void* stream = nullptr);
+
+  /// The fp16 loss scale to multiply the loss by (1 without fp16 or with a static scale 1).
+  float loss_scale() const;
+  int group_count() const;
+  const ParamGroup& group(int index) const;
+  /// Changes a group's hyperparameters from the next Step on (an LR schedule).
+  Status SetGroup(int index, const ParamGroup& group);
+
+  /// Parameter `name`'s optimizer state: master values (elements floats), m and v
+  /// (AdamMomentBytes of the state precision each; int8: codes, then the block scales).
+  Status ReadState(std::string_view name, float* master, void* m, void* v);
+
+  bool on_gpu() const;
+  int64_t steps() const;  ///< optimizer steps taken (skipped ones not counted)
+  uint64_t total_elements() const;
+  const EngineStepStats& last_step() const;
+  /// Host bytes the engine holds: state, gradient buffers, staging.
+  uint64_t host_bytes() const;
+  /// Device bytes the engine holds beyond the model's parameters: buckets.
+  uint64_t gpu_bytes() const;
+
+ private:
+  struct Impl;
+  explicit OffloadEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zoffload

@@ -1,0 +1,538 @@
+#include "zoffload/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <semaphore>
+#include <thread>
+
+#include <boost/lockfree/queue.hpp>
+
+#include "build_info.h"
+#include "common/aligned_buffer.h"
+#include "common/strings.h"
+#include "engine/loss_scaler.h"
+#include "tiers/optimizer_state.h"
+#include "tiers/runtime_context.h"
+#include "zoffload/cpu_adam.h"
+#if ZO_HAVE_CUDA
+#include "engine/device_path.h"
+#endif
+
+namespace zoffload {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kEngineTrack = "engine";
+
+double Since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+float Widen(const void* src, DType dtype, uint64_t i) {
+  switch (dtype) {
+    case DType::kFp32:
+      return static_cast<const float*>(src)[i];
+    case DType::kBf16: {
+      const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(src)[i]) << 16;
+      float x;
+      std::memcpy(&x, &bits, 4);
+      return x;
+    }
+    case DType::kFp16:
+      break;
+  }
+  return static_cast<float>(static_cast<const _Float16*>(src)[i]);
+}
+
+// dst[i] = src[i] (add: dst[i] += src[i]) in fp32, for i < n.
+void Accumulate(float* dst, const void* src, DType dtype, uint64_t n, bool add) {
+  const auto count = static_cast<int64_t>(n);
+#pragma omp parallel for schedule(static) if (n >= (uint64_t{1} << 20))
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = Widen(src, dtype, static_cast<uint64_t>(i));
+    dst[i] = add ? dst[i] + g : g;
+  }
+}
+
+ParamCopy CopyFor(DType dtype) {
+  switch (dtype) {
+    case DType::kBf16:
+      return ParamCopy::kBf16;
+    case DType::kFp16:
+      return ParamCopy::kFp16;
+    case DType::kFp32:
+      break;
+  }
+  return ParamCopy::kNone;
+}
+
+}  // namespace
+
+ParamGroup ParamGroup::FromConfig(const OptimizerConfig& optimizer) {
+  const OptimizerParams& p = optimizer.params;
+  return {p.lr, p.betas[0], p.betas[1], p.eps, p.weight_decay};
+}
+
+struct OffloadEngine::Impl : public ParamSink {
+  struct Param {
+    std::string name;
+    void* data = nullptr;
+    uint64_t n = 0;
+    DType dtype = DType::kBf16;
+    int group = 0;
+    const float* initial = nullptr;  // the caller's fp32 values, during Create only
+    HostMemory grads;    // accumulation 1: the gradient (dtype); > 1: the fp32 sum
+    HostMemory landing;  // accumulation > 1 on the GPU: each micro-batch's gradient (dtype)
+    int received = 0;    // gradients in this accumulation window
+    uint64_t bytes() const { return n * DTypeBytes(dtype); }
+  };
+
+  Config config;
+  EngineOptions options;
+  std::unique_ptr<RuntimeContext> own_context;  // when the caller gave none
+  RuntimeContext::Impl* rt = nullptr;
+  std::vector<Param> params;
+  std::map<std::string, size_t, std::less<>> index;
+  std::vector<ParamGroup> groups;
+  std::unique_ptr<OptimizerState> state;
+  internal::LossScaler scaler{Fp16Config{}};
+  int accumulation = 1;
+  int64_t steps = 0;
+  uint64_t total = 0;
+  uint64_t grads_in_window = 0;  // GradientReady calls since the last Step
+  EngineStepStats last;
+  bool gpu = false;
+  std::byte* slot = nullptr;  // the staging slot of the chunk being updated (GPU)
+#if ZO_HAVE_CUDA
+  std::unique_ptr<internal::DevicePath> device;
+  // Accumulation > 1 on the GPU: each flushed bucket's pieces come from the D2H stream's host
+  // function through a lock-free queue to the worker, which adds them into the fp32 sums.
+  boost::lockfree::queue<std::vector<internal::DevicePath::Piece>*> landed{64};
+  std::counting_semaphore<> landed_count{0};
+  std::atomic<uint64_t> accumulated{0};  // flushes the worker has added in
+  std::atomic<bool> stopping{false};
+  std::thread worker;
+  uint64_t last_to_host = 0;  // bytes_to_host at the last Step
+#endif
+
+  ~Impl() override {
+#if ZO_HAVE_CUDA
+    device.reset();  // every host function has run
+    if (worker.joinable()) {
+      stopping = true;
+      landed_count.release();
+      worker.join();
+    }
+    std::vector<internal::DevicePath::Piece>* job;
+    while (landed.pop(job)) delete job;
+#endif
+  }
+
+  Result<Param*> Find(std::string_view name) {
+    auto it = index.find(name);
+    if (it == index.end()) {
+      return NotFoundError(StrCat("no parameter '", name, "' is registered (", params.size(),
+                                  " parameters)"));
+    }
+    return &params[it->second];
+  }
+
+  // The tag of a gradient piece: the parameter, and whether it adds to the sum.
+  static uint32_t Tag(size_t param, bool add) { return static_cast<uint32_t>(param << 1 | add); }
+
+#if ZO_HAVE_CUDA
+  void Work() {
+    while (true) {
+      landed_count.acquire();
+      std::vector<internal::DevicePath::Piece>* job = nullptr;
+      if (!landed.pop(job)) {
+        if (stopping) return;
+        continue;
+      }
+      for (const internal::DevicePath::Piece& piece : *job) {
+        Param& p = params[piece.tag >> 1];
+        const size_t element = DTypeBytes(p.dtype);
+        const uint64_t first = static_cast<uint64_t>(piece.host - p.landing.data()) / element;
+        Accumulate(p.grads.as<float>() + first, piece.host, p.dtype, piece.bytes / element,
+                   (piece.tag & 1) != 0);
+      }
+      delete job;
+      accumulated.fetch_add(1);
+      accumulated.notify_all();
+    }
+  }
+
+  // Blocks until the worker has added in every bucket flushed so far.
+  void AwaitAccumulated() {
+    const uint64_t target = device->flushes();
+    for (uint64_t done = accumulated.load(); done < target; done = accumulated.load()) {
+      accumulated.wait(done);
+    }
+  }
+#endif
+
+  // ParamSink: chunk by chunk into pinned staging and up (GPU), or in place (host).
+  Result<void*> Begin(size_t t, uint64_t first, uint64_t) override {
+    Param& p = params[t];
+#if ZO_HAVE_CUDA
+    if (gpu) {
+      ZO_ASSIGN_OR_RETURN(slot, device->AcquireSlot());
+      return static_cast<void*>(slot);
+    }
+#endif
+    return static_cast<void*>(static_cast<std::byte*>(p.data) + first * DTypeBytes(p.dtype));
+  }
+
+  Status End(size_t t, uint64_t first, uint64_t n, const float* master) override {
+    Param& p = params[t];
+    const size_t element = DTypeBytes(p.dtype);
+#if ZO_HAVE_CUDA
+    if (gpu) {
+      if (p.dtype == DType::kFp32) std::memcpy(slot, master, 4 * n);
+      return device->Upload(static_cast<std::byte*>(p.data) + first * element, n * element);
+    }
+#endif
+    if (p.dtype == DType::kFp32) {
+      std::memcpy(static_cast<std::byte*>(p.data) + first * element, master, 4 * n);
+    }
+    return Status::Ok();
+  }
+
+  // Where parameter memory must live: the engine's GPU, or the host in host mode.
+  Status CheckMemory(const void* ptr, const std::string& what) const {
+#if ZO_HAVE_CUDA
+    if (!rt->has_gpu()) return Status::Ok();
+    ZO_ASSIGN_OR_RETURN(const int where, internal::DevicePath::DeviceOf(ptr));
+    const int want = gpu ? rt->options().device : -1;
+    if (where != want) {
+      auto name = [](int d) { return d < 0 ? std::string("host memory") : StrCat("GPU ", d); };
+      return InvalidArgumentError(StrCat(what, " is in ", name(where), "; the engine ",
+                                         gpu ? "runs on " : "runs in host mode and needs ",
+                                         name(want)));
+    }
+#else
+    (void)ptr, (void)what;
+#endif
+    return Status::Ok();
+  }
+
+  Status Initialize();
+};
+
+Status OffloadEngine::Impl::Initialize() {
+  uint64_t largest = 0;
+  for (const Param& p : params) largest = std::max(largest, p.n);
+  AlignedBuffer masters, raw;
+  for (size_t i = 0; i < params.size(); ++i) {
+    Param& p = params[i];
+    const float* initial = p.initial;  // the given fp32 values win
+    if (initial == nullptr) {
+      if (masters.empty()) {
+        ZO_ASSIGN_OR_RETURN(masters, AlignedBuffer::Allocate(4 * largest, 64));
+      }
+      const void* values = p.data;
+#if ZO_HAVE_CUDA
+      if (gpu) {
+        if (raw.empty()) {
+          ZO_ASSIGN_OR_RETURN(raw, AlignedBuffer::Allocate(4 * largest, 64));
+        }
+        ZO_RETURN_IF_ERROR(device->CopyToHost(raw.data(), p.data, p.bytes())
+                               .WithContext(StrCat("reading parameter '", p.name, "'")));
+        values = raw.data();
+      }
+#endif
+      Accumulate(masters.as<float>(), values, p.dtype, p.n, false);
+      initial = masters.as<float>();
+    }
+    ZO_RETURN_IF_ERROR(
+        state->Initialize(i, initial).WithContext(StrCat("initializing '", p.name, "'")));
+  }
+  return Status::Ok();
+}
+
+// ---- OffloadEngine ------------------------------------------------------------------------
+
+OffloadEngine::OffloadEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+OffloadEngine::~OffloadEngine() = default;
+
+Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& config,
+                                                             std::vector<ParameterSpec> specs,
+                                                             EngineOptions options) {
+  auto impl = std::make_unique<Impl>();
+  Impl& e = *impl;
+  e.config = config;
+  ZO_ASSIGN_OR_RETURN(OptimizerStateOptions so, OptimizerStateOptions::FromConfig(config));
+  so.pipeline.chunk_elements = options.chunk_elements;
+  if (options.staging_slots < 2) {
+    return InvalidArgumentError(
+        StrCat("engine: staging_slots must be at least 2, got ", options.staging_slots));
+  }
+  e.groups = options.groups.empty() ? std::vector<ParamGroup>{ParamGroup::FromConfig(config.optimizer)}
+                                    : options.groups;
+  e.accumulation = static_cast<int>(config.gradient_accumulation_steps.value_or(1));
+  e.scaler = internal::LossScaler(config.fp16);
+  if (specs.empty()) return InvalidArgumentError("engine: no parameters given");
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ParameterSpec& s = specs[i];
+    if (s.name.empty()) return InvalidArgumentError(StrCat("engine: parameter #", i, " has no name"));
+    if (s.elements == 0 || s.data == nullptr) {
+      return InvalidArgumentError(StrCat("engine: parameter '", s.name, "' needs memory and at least 1 element (got ",
+                                         s.elements, " elements at ", s.data, ")"));
+    }
+    if (s.group < 0 || s.group >= static_cast<int>(e.groups.size())) {
+      return InvalidArgumentError(StrCat("engine: parameter '", s.name, "' is in group ", s.group,
+                                         "; there are ", e.groups.size(), " groups"));
+    }
+    if (!e.index.emplace(s.name, i).second) {
+      return InvalidArgumentError(StrCat("engine: parameter '", s.name, "' is given twice"));
+    }
+    Impl::Param p;
+    p.name = s.name;
+    p.data = s.data;
+    p.n = s.elements;
+    p.dtype = s.dtype;
+    p.group = s.group;
+    p.initial = s.initial;
+    e.total += p.n;
+    e.params.push_back(std::move(p));
+  }
+  e.options = std::move(options);
+  RuntimeContext* context = e.options.context;
+  if (context == nullptr) {
+    ZO_ASSIGN_OR_RETURN(e.own_context, RuntimeContext::Create(RuntimeOptions::FromConfig(config)));
+    context = e.own_context.get();
+  }
+  e.rt = &context->impl();
+  SetCpuAdamCoreBinding(config.zoffload.cpu_adam_bind_cores);
+  e.gpu = !e.options.host_params && e.rt->has_gpu();
+  uint64_t widest = 2;  // bytes per element of the widest parameter dtype
+  for (const Impl::Param& p : e.params) {
+    ZO_RETURN_IF_ERROR(e.CheckMemory(p.data, StrCat("engine: parameter '", p.name, "'")));
+    widest = std::max<uint64_t>(widest, DTypeBytes(p.dtype));
+  }
+  std::vector<OptimizerTensor> tensors;
+  for (const Impl::Param& p : e.params) tensors.push_back({p.name, p.n});
+  ZO_ASSIGN_OR_RETURN(e.state, OptimizerState::Create(std::move(tensors), *context, so));
+  for (Impl::Param& p : e.params) {
+    const std::string what = StrCat("the gradient of '", p.name, "'");
+    if (e.accumulation == 1) {
+      ZO_ASSIGN_OR_RETURN(p.grads, e.rt->AllocateHost(p.bytes(), what, e.gpu));
+    } else {
+      ZO_ASSIGN_OR_RETURN(p.grads, e.rt->AllocateHost(4 * p.n, StrCat(what, " (fp32 sum)"), false));
+      if (e.gpu) {
+        ZO_ASSIGN_OR_RETURN(p.landing, e.rt->AllocateHost(p.bytes(), what, true));
+      }
+    }
+  }
+#if ZO_HAVE_CUDA
+  if (e.gpu) {
+    // Buckets no larger than all the gradients together.
+    const uint64_t bucket = std::min<uint64_t>(
+        static_cast<uint64_t>(config.zero_optimization.reduce_bucket_size) * widest, e.total * widest);
+    internal::DevicePath::Landed landed;
+    if (e.accumulation > 1) {
+      landed = [&e](std::vector<internal::DevicePath::Piece> pieces) {
+        e.landed.push(new std::vector<internal::DevicePath::Piece>(std::move(pieces)));
+        e.landed_count.release();
+      };
+      e.worker = std::thread([&e] { e.Work(); });
+    }
+    ZO_ASSIGN_OR_RETURN(e.device, internal::DevicePath::Create(*e.rt, bucket, e.options.staging_slots,
+                                                               e.state->chunk_elements() * widest,
+                                                               std::move(landed)));
+  }
+#endif
+  ZO_RETURN_IF_ERROR(e.Initialize());
+  for (Impl::Param& p : e.params) p.initial = nullptr;
+  return std::unique_ptr<OffloadEngine>(new OffloadEngine(std::move(impl)));
+}
+
+Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uint64_t elements,
+                                    DType dtype, void* stream) {
+  Impl& e = *impl_;
+  ZO_ASSIGN_OR_RETURN(Impl::Param * p, e.Find(name));
+  if (dtype != p->dtype || elements != p->n || grad == nullptr) {
+    return InvalidArgumentError(StrCat("gradient of '", p->name, "': ", elements, " ",
+                                       ToString(dtype), " elements at ", grad, "; the parameter has ",
+                                       p->n, " ", ToString(p->dtype), " elements"));
+  }
+  if (p->received >= e.accumulation) {
+    return FailedPreconditionError(StrCat(
+        "gradient of '", p->name, "': it already has its ", e.accumulation,
+        " gradient(s) of this step (gradient_accumulation_steps); call Step first"));
+  }
+  ZO_RETURN_IF_ERROR(e.CheckMemory(grad, StrCat("gradient of '", p->name, "'")));
+  const bool add = p->received > 0;
+  const size_t i = static_cast<size_t>(p - e.params.data());
+#if ZO_HAVE_CUDA
+  if (e.gpu) {
+    if (e.accumulation == 1) {
+      ZO_RETURN_IF_ERROR(e.device->Add(grad, p->bytes(), p->grads.data(), Impl::Tag(i, add), stream));
+    } else {
+      // A new micro-batch lands where the last one did: the worker must have added it in.
+      if (e.grads_in_window % e.params.size() == 0) e.AwaitAccumulated();
+      ZO_RETURN_IF_ERROR(e.device->Add(grad, p->bytes(), p->landing.data(), Impl::Tag(i, add), stream));
+    }
+  }
+#else
+  (void)stream, (void)i;
+#endif
+  if (!e.gpu) {
+    if (e.accumulation == 1) {
+      std::memcpy(p->grads.data(), grad, p->bytes());
+    } else {
+      Accumulate(p->grads.as<float>(), grad, p->dtype, p->n, add);
+    }
+  }
+  ++p->received;
+  ++e.grads_in_window;
+#if ZO_HAVE_CUDA
+  // The last gradient of a backward: its bucket goes now.
+  if (e.gpu && e.grads_in_window % e.params.size() == 0) ZO_RETURN_IF_ERROR(e.device->Flush(stream));
+#endif
+  return Status::Ok();
+}
+
+Result<EngineStepStats> OffloadEngine::Step() {
+  Impl& e = *impl_;
+  const auto start = Clock::now();
+  std::vector<std::string> missing;
+  for (const Impl::Param& p : e.params) {
+    if (p.received != e.accumulation) {
+      missing.push_back(StrCat("'", p.name, "' (", p.received, " of ", e.accumulation, ")"));
+    }
+  }
+  if (!missing.empty()) {
+    const size_t shown = std::min<size_t>(missing.size(), 5);
+    std::string list;
+    for (size_t k = 0; k < shown; ++k) list += StrCat(k ? ", " : "", missing[k]);
+    return FailedPreconditionError(StrCat(
+        "Step: ", missing.size(), " of ", e.params.size(), " parameters lack gradients: ", list,
+        missing.size() > shown ? ", ..." : "", "; nothing was updated"));
+  }
+  EngineStepStats stats;
+  Tracer* tracer = e.rt->tracer();
+#if ZO_HAVE_CUDA
+  double upload_wait_before = 0;
+  uint64_t to_host = 0, to_gpu = 0;
+  if (e.gpu) {
+    ZO_RETURN_IF_ERROR(e.device->WaitLanded().WithContext("Step: gradients to the host"));
+    if (e.accumulation > 1) e.AwaitAccumulated();
+    upload_wait_before = e.device->upload_wait_seconds();
+    to_host = e.device->bytes_to_host();
+    to_gpu = e.device->bytes_to_gpu();
+  }
+#endif
+  stats.wait_grads_seconds = Since(start);
+  if (tracer != nullptr) tracer->Record(kEngineTrack, "wait for gradients", start, Clock::now());
+  AdamHyper base = HyperFromConfig(e.config.optimizer);
+  base.step = e.steps + 1;
+  std::vector<AdamHyper> hypers;
+  for (const ParamGroup& g : e.groups) {
+    AdamHyper h = base;
+    h.lr = static_cast<float>(g.lr);
+    h.beta1 = static_cast<float>(g.beta1);
+    h.beta2 = static_cast<float>(g.beta2);
+    h.eps = static_cast<float>(g.eps);
+    h.weight_decay = static_cast<float>(g.weight_decay);
+    hypers.push_back(h);
+  }
+  std::vector<TensorGrads> grads;
+  for (const Impl::Param& p : e.params) {
+    grads.push_back({p.grads.data(), e.accumulation > 1 ? DType::kFp32 : p.dtype, nullptr,
+                     CopyFor(p.dtype), &hypers[p.group]});
+  }
+  const float scale = e.scaler.scale();
+  const auto update_start = Clock::now();
+  auto result = e.state->Step(grads, base, scale, static_cast<float>(e.config.gradient_clipping), &e);
+  stats.update_seconds = Since(update_start);
+  if (tracer != nullptr) tracer->Record(kEngineTrack, "update", update_start, Clock::now());
+  ZO_RETURN_IF_ERROR(result.status().WithContext("Step"));
+  for (Impl::Param& p : e.params) p.received = 0;
+  e.grads_in_window = 0;
+  e.scaler.Update(result->skipped);
+  if (!result->skipped) ++e.steps;
+  const StepStats& s = e.state->last_step();
+  stats.step = e.steps;
+  stats.skipped = result->skipped;
+  stats.grad_norm = result->grad_norm;
+  stats.clip_coef = result->clip_coef;
+  stats.loss_scale = scale;
+  if (!result->skipped) {
+    stats.adam_seconds = s.adam_seconds;
+    stats.io_wait_seconds = s.io_wait_seconds;
+    stats.nvme_bytes_read = s.bytes_read;
+    stats.nvme_bytes_written = s.bytes_written;
+  }
+#if ZO_HAVE_CUDA
+  if (e.gpu) {
+    stats.upload_wait_seconds = e.device->upload_wait_seconds() - upload_wait_before;
+    stats.bytes_to_host = to_host - e.last_to_host;
+    stats.bytes_to_gpu = e.device->bytes_to_gpu() - to_gpu;
+    e.last_to_host = to_host;
+  }
+#endif
+  stats.seconds = Since(start);
+  e.last = stats;
+  return stats;
+}
+
+Status OffloadEngine::WaitParameters(void* stream) {
+#if ZO_HAVE_CUDA
+  if (impl_->gpu) return impl_->device->WaitParameters(stream);
+#else
+  (void)stream;
+#endif
+  return Status::Ok();
+}
+
+float OffloadEngine::loss_scale() const { return impl_->scaler.scale(); }
+int OffloadEngine::group_count() const { return static_cast<int>(impl_->groups.size()); }
+const ParamGroup& OffloadEngine::group(int index) const { return impl_->groups.at(index); }
+
+Status OffloadEngine::SetGroup(int index, const ParamGroup& group) {
+  if (index < 0 || index >= group_count()) {
+    return OutOfRangeError(StrCat("SetGroup: no group ", index, " (", group_count(), " groups)"));
+  }
+  if (!(group.lr >= 0) || !(group.beta1 >= 0 && group.beta1 < 1) ||
+      !(group.beta2 >= 0 && group.beta2 < 1) || !(group.eps > 0) || !(group.weight_decay >= 0)) {
+    return InvalidArgumentError(StrCat("SetGroup ", index, ": lr ", group.lr, ", betas (", group.beta1,
+                                       ", ", group.beta2, "), eps ", group.eps, ", weight_decay ",
+                                       group.weight_decay,
+                                       ": need lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0"));
+  }
+  impl_->groups[index] = group;
+  return Status::Ok();
+}
+
+Status OffloadEngine::ReadState(std::string_view name, float* master, void* m, void* v) {
+  ZO_ASSIGN_OR_RETURN(Impl::Param * p, impl_->Find(name));
+  return impl_->state->Read(static_cast<size_t>(p - impl_->params.data()), master, m, v);
+}
+
+bool OffloadEngine::on_gpu() const { return impl_->gpu; }
+int64_t OffloadEngine::steps() const { return impl_->steps; }
+uint64_t OffloadEngine::total_elements() const { return impl_->total; }
+const EngineStepStats& OffloadEngine::last_step() const { return impl_->last; }
+
+uint64_t OffloadEngine::host_bytes() const {
+  uint64_t total = impl_->state->host_bytes();
+  for (const Impl::Param& p : impl_->params) total += p.grads.size() + p.landing.size();
+#if ZO_HAVE_CUDA
+  if (impl_->device != nullptr) total += impl_->device->host_bytes();
+#endif
+  return total;
+}
+
+uint64_t OffloadEngine::gpu_bytes() const {
+#if ZO_HAVE_CUDA
+  if (impl_->device != nullptr) return impl_->device->gpu_bytes();
+#endif
+  return 0;
+}
+
+}  // namespace zoffload

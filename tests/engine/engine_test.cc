@@ -1,0 +1,444 @@
+#include "zoffload/engine.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "common/strings.h"
+#include "cpu_adam/adam_math.h"
+#include "swap/fault_backend.h"
+#include "test_util.h"
+#include "zoffload/cpu_adam.h"
+
+namespace zoffload {
+namespace {
+
+using testing::FaultPlan;
+using testing::FaultRule;
+using testing::InjectFaults;
+using testing::TempDir;
+
+constexpr uint64_t kChunk = 4096;  // elements per update chunk: most tensors take several
+// Odd sizes: not multiples of a vector, a chunk, an int8 block or the bucket.
+const std::vector<uint64_t> kSizes = {1, 17, 1000, 4099, 13001, 9};
+constexpr int kSteps = 20;
+constexpr int kBucketElements = 3000;
+
+uint16_t ToBf16(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+float FromBf16(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+
+std::string Name(size_t i) { return i % 2 == 0 ? StrCat("layer", i, ".weight") : StrCat("layer", i, ".bias"); }
+int GroupOf(size_t i) { return static_cast<int>(i % 2); }  // biases: no weight decay
+
+struct Case {
+  int accumulation;
+  bool clip;
+  StatePrecision state;
+  const char* home;  // "host", "nvme", "nvme50" (ratio 0.5)
+};
+
+std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  return StrCat("gas", c.accumulation, c.clip ? "_clip_" : "_", ToString(c.state), "_", c.home);
+}
+
+Config MakeConfig(const Case& c, const std::string& dir) {
+  const std::string home = c.home;
+  const std::string device = home == "host" ? "cpu" : "nvme";
+  const std::string ratio = home == "nvme50" ? "0.5" : "1.0";
+  auto config = ParseConfig(StrCat(R"({
+    "gradient_accumulation_steps": )", c.accumulation, R"(,
+    "gradient_clipping": )", c.clip ? "0.5" : "0", R"(,
+    "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": )", kBucketElements, R"(,
+      "offload_optimizer": {"device": ")", device, R"(", "nvme_path": ")", dir, R"(",
+                            "ratio": )", ratio, R"(}},
+    "aio": {"block_size": 65536},
+    "zoffload": {"optimizer_state": ")", ToString(c.state), R"(", "cpu_adam_threads": 2}
+  })"));
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+// The model: bf16 parameters (host memory here; device memory in the GPU tests), random.
+struct Model {
+  std::vector<std::vector<uint16_t>> params;
+  explicit Model(uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (uint64_t n : kSizes) {
+      std::vector<uint16_t> p(n);
+      for (uint16_t& x : p) x = ToBf16(normal(rng));
+      params.push_back(std::move(p));
+    }
+  }
+  std::vector<ParameterSpec> Specs() {
+    std::vector<ParameterSpec> specs;
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      specs.push_back({Name(i), params[i].data(), kSizes[i], DType::kBf16, nullptr, GroupOf(i)});
+    }
+    return specs;
+  }
+};
+
+// One micro-batch's gradients: bf16, random; scaled up by `scale` (a loss scale).
+std::vector<std::vector<uint16_t>> Grads(uint32_t seed, float scale = 1) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  std::vector<std::vector<uint16_t>> grads;
+  for (uint64_t n : kSizes) {
+    std::vector<uint16_t> g(n);
+    for (uint16_t& x : g) x = ToBf16(scale * normal(rng));
+    grads.push_back(std::move(g));
+  }
+  return grads;
+}
+
+std::vector<ParamGroup> Groups() {
+  ParamGroup decay;
+  decay.lr = 0.01;
+  decay.weight_decay = 0.1;
+  ParamGroup no_decay = decay;
+  no_decay.weight_decay = 0;
+  return {decay, no_decay};
+}
+
+double LrAt(int step) { return 0.01 * (1.0 - step / 40.0); }  // a schedule
+
+// The same training in plain memory: CPU Adam per whole tensor on the same gradients, after
+// the same norm pass and clip decision.
+struct Reference {
+  StatePrecision precision;
+  std::vector<std::vector<float>> params;
+  std::vector<std::vector<std::byte>> m, v;
+  std::vector<std::vector<uint16_t>> copy;
+  // float64 AdamW, fp32 state only.
+  std::vector<std::vector<double>> p64, m64, v64;
+
+  Reference(StatePrecision p, const Model& model) : precision(p) {
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      std::vector<float> x(kSizes[i]);
+      for (uint64_t j = 0; j < kSizes[i]; ++j) x[j] = FromBf16(model.params[i][j]);
+      p64.emplace_back(x.begin(), x.end());
+      m64.emplace_back(kSizes[i], 0.0);
+      v64.emplace_back(kSizes[i], 0.0);
+      params.push_back(std::move(x));
+      m.emplace_back(AdamMomentBytes(p, kSizes[i]));
+      v.emplace_back(AdamMomentBytes(p, kSizes[i]));
+      copy.emplace_back(kSizes[i]);
+    }
+  }
+
+  // `sums`: the gradients as the step sees them (bf16 bits when `bf16`, else fp32 sums).
+  bool Step(int step, const std::vector<std::vector<uint16_t>>& bf16,
+            const std::vector<std::vector<float>>& sums, bool use_bf16, float loss_scale,
+            float clip) {
+    std::vector<AdamShard> shards(kSizes.size());
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      AdamShard& s = shards[i];
+      s.params = params[i].data();
+      s.n = kSizes[i];
+      s.state = precision;
+      s.m = m[i].data();
+      s.v = v[i].data();
+      s.grads = use_bf16 ? static_cast<const void*>(bf16[i].data()) : sums[i].data();
+      s.grad_dtype = use_bf16 ? DType::kBf16 : DType::kFp32;
+      s.param_copy = copy[i].data();
+      s.copy = ParamCopy::kBf16;
+    }
+    const GradNorm norm = GradientNorm(shards, 2);
+    if (!norm.finite) return false;
+    double grad_norm;
+    float clip_coef;
+    const float grad_scale = internal::ClipAndUnscale(norm.l2, loss_scale, clip, &grad_norm, &clip_coef);
+    const std::vector<ParamGroup> groups = Groups();
+    double sumsq = 0;
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      for (uint64_t j = 0; j < kSizes[i]; ++j) {
+        const double g = use_bf16 ? FromBf16(bf16[i][j]) : sums[i][j];
+        sumsq += g * g;
+      }
+    }
+    const double norm64 = std::sqrt(sumsq) / loss_scale;
+    const double coef64 = clip > 0 && norm64 > clip ? clip / (norm64 + 1e-6) : 1.0;
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      AdamHyper h;
+      const ParamGroup& g = groups[GroupOf(i)];
+      h.lr = static_cast<float>(LrAt(step));
+      h.beta1 = static_cast<float>(g.beta1);
+      h.beta2 = static_cast<float>(g.beta2);
+      h.eps = static_cast<float>(g.eps);
+      h.weight_decay = static_cast<float>(g.weight_decay);
+      h.step = step;
+      EXPECT_TRUE(AdamUpdate(shards[i], h, grad_scale, 2).ok());
+      // float64 AdamW.
+      const double lr = static_cast<float>(LrAt(step)), b1 = g.beta1, b2 = g.beta2;
+      for (uint64_t j = 0; j < kSizes[i]; ++j) {
+        const double grad =
+            (use_bf16 ? FromBf16(bf16[i][j]) : sums[i][j]) / loss_scale * coef64;
+        double& p = p64[i][j];
+        p *= 1 - lr * g.weight_decay;
+        m64[i][j] = b1 * m64[i][j] + (1 - b1) * grad;
+        v64[i][j] = b2 * v64[i][j] + (1 - b2) * grad * grad;
+        const double mhat = m64[i][j] / (1 - std::pow(b1, step));
+        const double vhat = v64[i][j] / (1 - std::pow(b2, step));
+        p -= lr * mhat / (std::sqrt(vhat) + g.eps);
+      }
+    }
+    return true;
+  }
+};
+
+class EngineTest : public ::testing::TestWithParam<Case> {};
+
+// 20 steps through the engine equal 20 steps of CPU Adam in memory, bit for bit: masters,
+// both moments and the bf16 parameters; fp32 state also stays within 1e-6 of float64 AdamW.
+TEST_P(EngineTest, TrainingIsBitIdenticalToInMemoryAdam) {
+  const Case c = GetParam();
+  TempDir dir;
+  Model model(1);
+  Reference ref(c.state, model);
+  EngineOptions eo;
+  eo.host_params = true;
+  eo.groups = Groups();
+  eo.chunk_elements = kChunk;
+  auto engine = OffloadEngine::Create(MakeConfig(c, dir.path()), model.Specs(), eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_FALSE((*engine)->on_gpu());
+  const float clip = c.clip ? 0.5f : 0.0f;
+  for (int step = 1; step <= kSteps; ++step) {
+    for (int g = 0; g < 2; ++g) {
+      ParamGroup group = Groups()[g];
+      group.lr = LrAt(step);
+      ASSERT_TRUE((*engine)->SetGroup(g, group).ok());
+    }
+    std::vector<std::vector<uint16_t>> last;
+    std::vector<std::vector<float>> sums;
+    for (int micro = 0; micro < c.accumulation; ++micro) {
+      last = Grads(1000 * step + micro);
+      for (size_t i = kSizes.size(); i-- > 0;) {  // backward order
+        ASSERT_TRUE((*engine)->GradientReady(Name(i), last[i].data(), kSizes[i], DType::kBf16).ok());
+      }
+      if (micro == 0) sums.assign(kSizes.size(), {});
+      for (size_t i = 0; i < kSizes.size(); ++i) {
+        sums[i].resize(kSizes[i]);
+        for (uint64_t j = 0; j < kSizes[i]; ++j) {
+          sums[i][j] = micro == 0 ? FromBf16(last[i][j]) : sums[i][j] + FromBf16(last[i][j]);
+        }
+      }
+    }
+    auto stats = (*engine)->Step();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_FALSE(stats->skipped);
+    EXPECT_EQ(stats->step, step);
+    ASSERT_TRUE(ref.Step(step, last, sums, c.accumulation == 1, 1.0f, clip));
+  }
+  double worst64 = 0;
+  for (size_t i = 0; i < kSizes.size(); ++i) {
+    SCOPED_TRACE(Name(i));
+    std::vector<float> p(kSizes[i]);
+    std::vector<std::byte> m(ref.m[i].size()), v(ref.v[i].size());
+    ASSERT_TRUE((*engine)->ReadState(Name(i), p.data(), m.data(), v.data()).ok());
+    EXPECT_EQ(p, ref.params[i]);
+    EXPECT_EQ(m, ref.m[i]);
+    EXPECT_EQ(v, ref.v[i]);
+    EXPECT_EQ(model.params[i], ref.copy[i]);  // the model's own parameters were written
+    for (uint64_t j = 0; j < kSizes[i]; ++j) {
+      worst64 = std::max(worst64, std::abs(p[j] - ref.p64[i][j]) / std::max(1.0, std::abs(ref.p64[i][j])));
+    }
+  }
+  if (c.state == StatePrecision::kFp32) {
+    EXPECT_LE(worst64, 1e-6) << "fp32 masters against float64 AdamW";
+  }
+}
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  for (int gas : {1, 4}) {
+    for (bool clip : {false, true}) {
+      for (StatePrecision s : {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+        for (const char* home : {"host", "nvme", "nvme50"}) cases.push_back({gas, clip, s, home});
+      }
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Combinations, EngineTest, ::testing::ValuesIn(AllCases()), CaseName);
+
+// fp16 with dynamic loss scaling: an overflow skips the step (state and parameters untouched),
+// halves the scale (hysteresis 1) and the next steps go on exactly as in memory.
+TEST(EngineFp16, OverflowSkipsTheStepAndHalvesTheScale) {
+  TempDir dir;
+  for (const char* home : {"host", "nvme"}) {
+    SCOPED_TRACE(home);
+    const std::string device = std::string(home) == "host" ? "cpu" : "nvme";
+    auto config = ParseConfig(StrCat(R"({"fp16": {"enabled": true, "initial_scale_power": 8,
+        "hysteresis": 1, "loss_scale_window": 3},
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": ")", device,
+                                     R"(", "nvme_path": ")", dir.path(), R"("}},
+        "aio": {"block_size": 65536}, "zoffload": {"cpu_adam_threads": 2}})"));
+    ASSERT_TRUE(config.ok()) << config.status();
+    // fp16 parameters (bit patterns of small values).
+    std::vector<std::vector<uint16_t>> params;
+    std::vector<ParameterSpec> specs;
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      params.emplace_back(kSizes[i]);
+      for (uint64_t j = 0; j < kSizes[i]; ++j) {
+        params[i][j] = static_cast<uint16_t>(0x3000 + (j * 7919 + i * 31) % 0x0800);
+      }
+    }
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      specs.push_back({Name(i), params[i].data(), kSizes[i], DType::kFp16});
+    }
+    EngineOptions eo;
+    eo.host_params = true;
+    eo.chunk_elements = kChunk;
+    auto engine = OffloadEngine::Create(*config, specs, eo);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    EXPECT_EQ((*engine)->loss_scale(), 256.0f);
+    auto feed = [&](uint16_t poison) {
+      for (size_t i = 0; i < kSizes.size(); ++i) {
+        std::vector<uint16_t> g(kSizes[i], 0x2000);  // fp16 2^-7
+        if (i == 4) g[77] = poison;
+        ASSERT_TRUE((*engine)->GradientReady(Name(i), g.data(), kSizes[i], DType::kFp16).ok());
+      }
+    };
+    feed(0x2000);
+    ASSERT_TRUE((*engine)->Step().ok());
+    auto snapshot = [&] {
+      std::vector<std::vector<float>> masters;
+      for (size_t i = 0; i < kSizes.size(); ++i) {
+        std::vector<float> p(kSizes[i]);
+        std::vector<std::byte> m(AdamMomentBytes(StatePrecision::kFp32, kSizes[i])), v(m.size());
+        EXPECT_TRUE((*engine)->ReadState(Name(i), p.data(), m.data(), v.data()).ok());
+        masters.push_back(std::move(p));
+      }
+      return masters;
+    };
+    const auto before = snapshot();
+    const auto params_before = params;
+    feed(0x7C00);  // fp16 +inf
+    auto skipped = (*engine)->Step();
+    ASSERT_TRUE(skipped.ok()) << skipped.status();
+    EXPECT_TRUE(skipped->skipped);
+    EXPECT_EQ(skipped->loss_scale, 256.0f);
+    EXPECT_EQ((*engine)->loss_scale(), 128.0f);
+    EXPECT_EQ((*engine)->steps(), 1);
+    EXPECT_EQ(snapshot(), before);
+    EXPECT_EQ(params, params_before);
+    for (int k = 0; k < 3; ++k) {  // three good steps: the window doubles the scale again
+      feed(0x2000);
+      auto ok = (*engine)->Step();
+      ASSERT_TRUE(ok.ok()) << ok.status();
+      EXPECT_FALSE(ok->skipped);
+    }
+    EXPECT_EQ((*engine)->loss_scale(), 256.0f);
+    EXPECT_EQ((*engine)->steps(), 4);
+    EXPECT_NE(params, params_before);
+  }
+}
+
+TEST(EngineTest, BadInputIsAClearErrorAndChangesNothing) {
+  TempDir dir;
+  Model model(2);
+  const Case c{1, false, StatePrecision::kFp32, "host"};
+  EngineOptions eo;
+  eo.host_params = true;
+  eo.groups = Groups();
+  // Create: a name twice, a group that does not exist, no memory.
+  auto twice = model.Specs();
+  twice[3].name = twice[1].name;
+  auto refused = OffloadEngine::Create(MakeConfig(c, dir.path()), twice, eo);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("'layer1.bias' is given twice"), std::string::npos)
+      << refused.status();
+  auto bad_group = model.Specs();
+  bad_group[2].group = 5;
+  refused = OffloadEngine::Create(MakeConfig(c, dir.path()), bad_group, eo);
+  EXPECT_NE(refused.status().message().find("'layer2.weight' is in group 5"), std::string::npos)
+      << refused.status();
+  auto no_memory = model.Specs();
+  no_memory[0].data = nullptr;
+  EXPECT_EQ(OffloadEngine::Create(MakeConfig(c, dir.path()), no_memory, eo).status().code(),
+            StatusCode::kInvalidArgument);
+  auto none = ParseConfig(R"({"zero_optimization": {"stage": 2}})");
+  refused = OffloadEngine::Create(*none, model.Specs(), eo);
+  EXPECT_NE(refused.status().message().find("offload_optimizer.device"), std::string::npos)
+      << refused.status();
+
+  auto engine = OffloadEngine::Create(MakeConfig(c, dir.path()), model.Specs(), eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const auto grads = Grads(5);
+  Status s = (*engine)->GradientReady("nope", grads[0].data(), 1, DType::kBf16);
+  EXPECT_EQ(s.code(), StatusCode::kNotFound);
+  EXPECT_NE(s.message().find("'nope'"), std::string::npos) << s;
+  s = (*engine)->GradientReady(Name(2), grads[2].data(), 999, DType::kBf16);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("999"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("1000"), std::string::npos) << s;
+  s = (*engine)->GradientReady(Name(2), grads[2].data(), 1000, DType::kFp32);
+  EXPECT_NE(s.message().find("fp32"), std::string::npos) << s;
+  ASSERT_TRUE((*engine)->GradientReady(Name(2), grads[2].data(), 1000, DType::kBf16).ok());
+  s = (*engine)->GradientReady(Name(2), grads[2].data(), 1000, DType::kBf16);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("gradient_accumulation_steps"), std::string::npos) << s;
+  auto missing = (*engine)->Step();
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(missing.status().message().find("5 of 6 parameters lack gradients: 'layer0.weight' (0 of 1)"),
+            std::string::npos)
+      << missing.status();
+  EXPECT_EQ((*engine)->steps(), 0);
+  std::vector<float> p(kSizes[2]);
+  std::vector<std::byte> m(4 * kSizes[2]), v(m.size());
+  ASSERT_TRUE((*engine)->ReadState(Name(2), p.data(), m.data(), v.data()).ok());
+  for (uint64_t j = 0; j < kSizes[2]; ++j) ASSERT_EQ(p[j], FromBf16(model.params[2][j]));
+  ParamGroup bad;
+  bad.beta1 = 1.0;
+  EXPECT_EQ((*engine)->SetGroup(0, bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*engine)->SetGroup(7, ParamGroup{}).code(), StatusCode::kOutOfRange);
+}
+
+// A read error on NVMe mid-step fails Step naming the tensor; the engine then refuses to go
+// on (the state on disk mixes two steps and is reported as interrupted on reopen).
+TEST(EngineTest, NvmeReadErrorFailsTheStepNamingTheTensor) {
+  TempDir dir;
+  Model model(3);
+  const Case c{1, false, StatePrecision::kFp32, "nvme"};
+  RuntimeOptions ro = RuntimeOptions::FromConfig(MakeConfig(c, dir.path()));
+  auto plan = std::make_shared<FaultPlan>(
+      std::vector<FaultRule>{{IoOp::kRead, FaultRule::Action::kFail, 3, 1, EIO}});
+  ro.wrap_backend = InjectFaults(plan);
+  auto context = RuntimeContext::Create(ro);
+  ASSERT_TRUE(context.ok());
+  EngineOptions eo;
+  eo.host_params = true;
+  eo.chunk_elements = kChunk;
+  eo.groups = Groups();
+  eo.context = context->get();
+  auto engine = OffloadEngine::Create(MakeConfig(c, dir.path()), model.Specs(), eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const auto grads = Grads(9);
+  for (size_t i = 0; i < kSizes.size(); ++i) {
+    ASSERT_TRUE((*engine)->GradientReady(Name(i), grads[i].data(), kSizes[i], DType::kBf16).ok());
+  }
+  auto failed = (*engine)->Step();
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), StatusCode::kIoError) << failed.status();
+  EXPECT_NE(failed.status().message().find("reading 'layer"), std::string::npos) << failed.status();
+  EXPECT_EQ(plan->applied(), 1);
+}
+
+}  // namespace
+}  // namespace zoffload
