@@ -19,6 +19,7 @@
 
 #include "bench/adam_profile.h"
 #include "bench/bench_util.h"
+#include "bench/engine_profile.h"
 #include "bench/nvme_profile.h"
 #include "bench/step_profile.h"
 #include "build_info.h"
@@ -33,12 +34,12 @@
 namespace zoffload::bench {
 namespace {
 
-constexpr const char* kUsage = R"(usage: zoffload-bench [nvme|adam|step|pcie|kernels] [options]
+constexpr const char* kUsage = R"(usage: zoffload-bench [nvme|adam|step|engine|pcie|kernels] [options]
 
 With no subcommand: every profile this machine supports, with short defaults (a 1 GiB
 temporary file in the current directory; 32M-parameter Adam steps; a 32M-parameter optimizer
-step streamed from NVMe in the current directory; 256 MiB GPU transfers when a GPU is
-present), then tables.
+step streamed from NVMe in the current directory; 32M-parameter engine steps; 256 MiB GPU
+transfers when a GPU is present), then tables.
 
 zoffload-bench nvme [--path DIR ...] [--size 4GiB] [--block-size 1M,4M] [--queue-depth 8,32]
                     [--threads 1,2] [--op write,read] [--single-submit] [--no-overlap-events]
@@ -78,6 +79,17 @@ zoffload-bench step [--params 128M] [--tensors 16] [--state-on host|nvme] [--pat
   --chunk sets the elements per pipeline chunk (default 4M; 16M for int8 state).
   --no-checksums turns off the CRC32C of every swap block (on by default); --durable flushes
   every step's writes to the device (the disk bound then flushes too).
+
+zoffload-bench engine [--params 256M] [--tensors 64] [--grad-ms T] [--state fp32|bf16|int8]
+                      [--state-on host|nvme] [--path DIR ...] [--threads N] [--bucket 500M]
+                      [--steps 3] [--host] [--json FILE] [--trace FILE]
+  Whole OffloadEngine steps: a GPU kernel writes each tensor's bf16 gradient (sizes in a Llama
+  layer's proportions; production spread over --grad-ms), GradientReady hands it over as it
+  appears, then Step and WaitParameters. Prints step_seconds against the bound measured in
+  the same run (gradient production alone + CPU Adam alone on the same layout + one chunk's
+  upload at the measured H2D rate; target ratio <= 1.10), the D2H overhead on gradient
+  production (target <= 5 %), host RSS against the state's bytes and GPU memory against two
+  buckets. Without a GPU (or with --host) the engine runs in host mode.
 
 zoffload-bench pcie [--size 1GiB] [--repeats 5] [--json FILE]
   Host<->GPU copies through the copy engine: H2D, D2H, both at once (pinned), each against
@@ -488,6 +500,110 @@ int StepMain(const std::vector<std::string>& args, bool short_defaults) {
   return 0;
 }
 
+Status WriteEngineJson(const std::string& path, const EngineRecord& r) {
+  nlohmann::ordered_json j = {{"profile", "engine"},
+                              {"mode", r.mode},
+                              {"params", r.params},
+                              {"tensors", r.tensors},
+                              {"state", r.state},
+                              {"state_on", r.state_on},
+                              {"threads", r.threads},
+                              {"step_seconds", r.step_seconds},
+                              {"bound_seconds", r.bound_seconds},
+                              {"ratio", r.ratio},
+                              {"grads_seconds", r.grads_seconds},
+                              {"grad_alone_seconds", r.grad_alone_seconds},
+                              {"d2h_overhead", r.d2h_overhead},
+                              {"update_seconds", r.update_seconds},
+                              {"adam_alone_seconds", r.adam_alone_seconds},
+                              {"adam_alone_gparams", r.adam_alone_gparams},
+                              {"h2d_gbps", r.h2d_gbps},
+                              {"chunk_upload_seconds", r.chunk_upload_seconds},
+                              {"host_rss_bytes", r.host_rss_bytes},
+                              {"engine_host_bytes", r.engine_host_bytes},
+                              {"state_bytes", r.state_bytes},
+                              {"host_ratio", r.host_ratio},
+                              {"gpu_bytes", r.gpu_bytes},
+                              {"bucket_bytes", r.bucket_bytes},
+                              {"bytes_to_host", r.bytes_to_host},
+                              {"bytes_to_gpu", r.bytes_to_gpu}};
+  return WriteTextFile(path, nlohmann::ordered_json::array({j}).dump(2) + "\n");
+}
+
+int EngineMain(const std::vector<std::string>& args, bool short_defaults) {
+  EngineBenchOptions o;
+  if (short_defaults) o.params = uint64_t{32} << 20;
+  std::string json_path;
+  std::vector<std::string> paths;
+  bool help = false;
+  const Status parsed = ForEachOption(
+      args, {"--host"}, &help, [&](const std::string& a, const std::string& v) -> Status {
+        if (a == "--host") {
+          o.host_mode = true;
+        } else if (a == "--params" || a == "--bucket") {
+          uint64_t* out = a == "--params" ? &o.params : &o.bucket_elements;
+          if (!ParseByteSize(v, out) || *out == 0) {
+            return InvalidArgumentError(StrCat(a, ": '", v, "' is not a count such as 256M"));
+          }
+        } else if (a == "--tensors" || a == "--threads" || a == "--steps") {
+          ZO_ASSIGN_OR_RETURN(auto l, ParseIntList(a, v, 1, 1 << 20));
+          (a == "--tensors" ? o.tensors : a == "--threads" ? o.threads : o.steps) = l.front();
+        } else if (a == "--grad-ms") {
+          char* end = nullptr;
+          o.grad_ms = std::strtod(v.c_str(), &end);
+          if (end == v.c_str() || *end != '\0' || !(o.grad_ms >= 0) || o.grad_ms > 1e6) {
+            return InvalidArgumentError(StrCat("--grad-ms: '", v, "' is not milliseconds >= 0"));
+          }
+        } else if (a == "--state-on") {
+          ZO_ASSIGN_OR_RETURN(auto l,
+                              ParseEnumList<StateHome>(
+                                  a, v, {{"host", StateHome::kHost}, {"nvme", StateHome::kNvme}}));
+          o.state_on = l.front();
+        } else if (a == "--path") {
+          paths.push_back(v);
+        } else if (a == "--state") {
+          ZO_ASSIGN_OR_RETURN(auto l, ParseEnumList(a, v, kStateNames));
+          o.state = l.front();
+        } else if (a == "--json") {
+          json_path = v;
+        } else if (a == "--trace") {
+          o.trace_path = v;
+        } else {
+          return UnknownOption(a);
+        }
+        return Status::Ok();
+      });
+  if (help) return PrintUsage();
+  if (!parsed.ok()) return Fail(parsed);
+  if (!paths.empty()) o.paths = paths;
+  auto r = RunEngineBench(o);
+  if (!r.ok()) return Fail(r.status());
+  std::printf("\nengine (%s mode): %llu params in %d tensors, %s state in %s, %d threads\n",
+              r->mode.c_str(), static_cast<unsigned long long>(r->params), r->tensors,
+              r->state.c_str(), r->state_on.c_str(), r->threads);
+  std::printf("step_seconds          %8.3f   bound %.3f = gradients %.3f + CPU Adam %.3f + one "
+              "chunk's upload %.4f   ratio %.3f (target <= 1.10)\n",
+              r->step_seconds, r->bound_seconds, r->grad_alone_seconds, r->adam_alone_seconds,
+              r->chunk_upload_seconds, r->ratio);
+  std::printf("gradients_seconds     %8.3f   (produced and in host memory) against %.3f "
+              "produced alone: D2H adds %+.1f %% (target <= 5 %%)\n",
+              r->grads_seconds, r->grad_alone_seconds, 100 * r->d2h_overhead);
+  std::printf("update_seconds        %8.3f   (CPU Adam alone %.2f Gparam/s; H2D %.1f GB/s)\n",
+              r->update_seconds, r->adam_alone_gparams, r->h2d_gbps);
+  std::printf("host RSS              %s   (state + gradients %s: %.3fx; engine's count %s)\n",
+              HumanBytes(r->host_rss_bytes).c_str(), HumanBytes(r->state_bytes).c_str(),
+              r->host_ratio, HumanBytes(r->engine_host_bytes).c_str());
+  if (r->mode == "gpu") {
+    std::printf("GPU memory            %s   (two buckets: %s)\n", HumanBytes(r->gpu_bytes).c_str(),
+                HumanBytes(r->bucket_bytes).c_str());
+  }
+  if (!o.trace_path.empty()) std::printf("trace written to %s\n", o.trace_path.c_str());
+  if (!json_path.empty()) {
+    if (Status s = WriteEngineJson(json_path, *r); !s.ok()) return Fail(s);
+  }
+  return 0;
+}
+
 int GpuMain(const std::string& profile, const std::vector<std::string>& args, bool short_defaults) {
 #if ZO_HAVE_CUDA
   GpuBenchOptions o;
@@ -558,13 +674,16 @@ int Main(int argc, char** argv) {
   if (!args.empty() && args[0] == "step") {
     return StepMain(std::vector<std::string>(args.begin() + 1, args.end()), false);
   }
+  if (!args.empty() && args[0] == "engine") {
+    return EngineMain(std::vector<std::string>(args.begin() + 1, args.end()), false);
+  }
   if (!args.empty() && (args[0] == "pcie" || args[0] == "kernels")) {
     return GpuMain(args[0], std::vector<std::string>(args.begin() + 1, args.end()), false);
   }
   if (!args.empty() && args[0].rfind("--", 0) != 0) {
     std::fprintf(
         stderr,
-        "zoffload-bench: unknown profile '%s' (available: nvme, adam, step, pcie, kernels)\n%s",
+        "zoffload-bench: unknown profile '%s' (available: nvme, adam, step, engine, pcie, kernels)\n%s",
         args[0].c_str(), kUsage);
     return 2;
   }
@@ -572,7 +691,7 @@ int Main(int argc, char** argv) {
   if (!args.empty()) {
     std::fprintf(
         stderr,
-        "zoffload-bench: options go after a profile name (nvme, adam, step, pcie, kernels)\n%s",
+        "zoffload-bench: options go after a profile name (nvme, adam, step, engine, pcie, kernels)\n%s",
         kUsage);
     return 2;
   }
@@ -583,6 +702,8 @@ int Main(int argc, char** argv) {
   std::printf(
       "\n== step (32M parameters, fp32 state streamed from NVMe in the current directory) ==\n");
   const int step = StepMain({}, true);
+  std::printf("\n== engine (32M parameters, fp32 state in host memory) ==\n");
+  const int engine = EngineMain({}, true);
   int gpu = 0;
 #if ZO_HAVE_CUDA
   if (auto gpus = UsableGpuCount(); gpus.ok()) {
@@ -596,7 +717,7 @@ int Main(int argc, char** argv) {
 #else
   std::printf("\n== pcie, kernels: skipped (this build has no CUDA) ==\n");
 #endif
-  for (int rc : {nvme, adam, step, gpu}) {
+  for (int rc : {nvme, adam, step, engine, gpu}) {
     if (rc != 0) return rc;
   }
   return 0;

@@ -9,11 +9,18 @@
 
 #include <gtest/gtest.h>
 
+#include "build_info.h"
 #include "common/strings.h"
 #include "cpu_adam/adam_math.h"
 #include "swap/fault_backend.h"
 #include "test_util.h"
 #include "zoffload/cpu_adam.h"
+#if ZO_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "gpu/gpu_info.h"
+#include "gpu/kernels.h"
+#endif
 
 namespace zoffload {
 namespace {
@@ -439,6 +446,120 @@ TEST(EngineTest, NvmeReadErrorFailsTheStepNamingTheTensor) {
   EXPECT_NE(failed.status().message().find("reading 'layer"), std::string::npos) << failed.status();
   EXPECT_EQ(plan->applied(), 1);
 }
+
+#if ZO_HAVE_CUDA
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+// The same training with the model's parameters in GPU memory and gradients written there by
+// a CUDA kernel (a cast from fp32), handed over on a stream and overwritten at once after
+// GradientReady returns, as a framework reusing the memory would.
+class EngineGpu : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    if (auto n = UsableGpuCount(); !n.ok()) GTEST_SKIP() << n.status().message();
+  }
+};
+
+TEST_P(EngineGpu, TrainingOnTheGpuIsBitIdenticalToInMemoryAdam) {
+  const Case c = GetParam();
+  TempDir dir;
+  Model model(4);
+  Reference ref(c.state, model);
+  std::vector<void*> device(kSizes.size());
+  for (size_t i = 0; i < kSizes.size(); ++i) {
+    CUDA_OK(cudaMalloc(&device[i], 2 * kSizes[i]));
+    CUDA_OK(cudaMemcpy(device[i], model.params[i].data(), 2 * kSizes[i], cudaMemcpyHostToDevice));
+  }
+  std::vector<ParameterSpec> specs = model.Specs();
+  for (size_t i = 0; i < kSizes.size(); ++i) specs[i].data = device[i];
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* fp32 = nullptr;
+  void* grad = nullptr;
+  CUDA_OK(cudaMalloc(&fp32, 4 * 13001));
+  CUDA_OK(cudaMalloc(&grad, 2 * 13001));
+  {
+    EngineOptions eo;
+    eo.groups = Groups();
+    eo.chunk_elements = kChunk;
+    auto engine = OffloadEngine::Create(MakeConfig(c, dir.path()), specs, eo);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    ASSERT_TRUE((*engine)->on_gpu());
+    EXPECT_LE((*engine)->gpu_bytes(), 2 * (2 * kBucketElements + 256));  // two buckets
+    const float clip = c.clip ? 0.5f : 0.0f;
+    std::vector<float> host_fp32(13001);
+    for (int step = 1; step <= kSteps; ++step) {
+      for (int g = 0; g < 2; ++g) {
+        ParamGroup group = Groups()[g];
+        group.lr = LrAt(step);
+        ASSERT_TRUE((*engine)->SetGroup(g, group).ok());
+      }
+      ASSERT_TRUE((*engine)->WaitParameters(stream).ok());
+      std::vector<std::vector<uint16_t>> last;
+      std::vector<std::vector<float>> sums(kSizes.size());
+      for (int micro = 0; micro < c.accumulation; ++micro) {
+        last = Grads(1000 * step + micro);
+        for (size_t i = kSizes.size(); i-- > 0;) {
+          for (uint64_t j = 0; j < kSizes[i]; ++j) host_fp32[j] = FromBf16(last[i][j]);
+          CUDA_OK(cudaMemcpyAsync(fp32, host_fp32.data(), 4 * kSizes[i], cudaMemcpyHostToDevice,
+                                  stream));
+          ASSERT_TRUE(gpu::Cast(fp32, DType::kFp32, grad, DType::kBf16, kSizes[i], stream).ok());
+          ASSERT_TRUE((*engine)
+                          ->GradientReady(Name(i), grad, kSizes[i], DType::kBf16, stream)
+                          .ok());
+          CUDA_OK(cudaMemsetAsync(grad, 0xFF, 2 * kSizes[i], stream));  // reused at once
+          CUDA_OK(cudaStreamSynchronize(stream));  // host_fp32 is refilled next
+        }
+        for (size_t i = 0; i < kSizes.size(); ++i) {
+          sums[i].resize(kSizes[i]);
+          for (uint64_t j = 0; j < kSizes[i]; ++j) {
+            sums[i][j] = micro == 0 ? FromBf16(last[i][j]) : sums[i][j] + FromBf16(last[i][j]);
+          }
+        }
+      }
+      auto stats = (*engine)->Step();
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      EXPECT_FALSE(stats->skipped);
+      EXPECT_EQ(stats->bytes_to_gpu, 2 * 18127u * 1);  // every parameter once
+      EXPECT_EQ(stats->bytes_to_host, 2 * 18127u * static_cast<unsigned>(c.accumulation));
+      ASSERT_TRUE(ref.Step(step, last, sums, c.accumulation == 1, 1.0f, clip));
+    }
+    ASSERT_TRUE((*engine)->WaitParameters(stream).ok());
+    CUDA_OK(cudaStreamSynchronize(stream));
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      SCOPED_TRACE(Name(i));
+      std::vector<float> p(kSizes[i]);
+      std::vector<std::byte> m(ref.m[i].size()), v(ref.v[i].size());
+      ASSERT_TRUE((*engine)->ReadState(Name(i), p.data(), m.data(), v.data()).ok());
+      EXPECT_EQ(p, ref.params[i]);
+      EXPECT_EQ(m, ref.m[i]);
+      EXPECT_EQ(v, ref.v[i]);
+      std::vector<uint16_t> on_gpu(kSizes[i]);
+      CUDA_OK(cudaMemcpy(on_gpu.data(), device[i], 2 * kSizes[i], cudaMemcpyDeviceToHost));
+      EXPECT_EQ(on_gpu, ref.copy[i]);
+    }
+    // A host pointer where device memory is expected is refused, naming it.
+    std::vector<uint16_t> host_grad(kSizes[0]);
+    const Status s = (*engine)->GradientReady(Name(0), host_grad.data(), kSizes[0], DType::kBf16,
+                                              stream);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("host memory"), std::string::npos) << s;
+  }
+  for (void* p : device) CUDA_OK(cudaFree(p));
+  CUDA_OK(cudaFree(fp32));
+  CUDA_OK(cudaFree(grad));
+  CUDA_OK(cudaStreamDestroy(stream));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Combinations, EngineGpu,
+    ::testing::Values(Case{1, false, StatePrecision::kFp32, "host"},
+                      Case{1, true, StatePrecision::kBf16, "nvme50"},
+                      Case{4, false, StatePrecision::kFp32, "nvme"},
+                      Case{4, true, StatePrecision::kInt8, "host"},
+                      Case{1, false, StatePrecision::kInt8, "nvme"}),
+    CaseName);
+#endif  // ZO_HAVE_CUDA
 
 }  // namespace
 }  // namespace zoffload
