@@ -4,10 +4,9 @@ find_package(Threads REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 find_package(LibUring 2.0 REQUIRED)
 find_package(Hwloc 2.0 REQUIRED)
-find_package(TBB REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(hwy REQUIRED)
-find_package(Boost 1.74 REQUIRED)  # header-only: Boost.Lockfree
+find_package(Boost 1.74 REQUIRED)  # header-only: Boost.Lockfree (the engine's landed-gradient queue)
 
 set(ZO_HAVE_CUDA OFF)
 if(ZO_WITH_CUDA)

@@ -7,7 +7,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  liburing-dev libtbb-dev libhwloc-dev libboost-dev nlohmann-json3-dev libhwy-dev
+  liburing-dev libhwloc-dev libboost-dev nlohmann-json3-dev libhwy-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fio
 )

@@ -47,8 +47,7 @@ Json BuildSection() {
           {"cuda_architectures", ZO_HAVE_CUDA ? ZO_CUDA_ARCHITECTURES : ""},
           {"liburing", ZO_LIBURING_VERSION},
           {"hwloc", ZO_HWLOC_VERSION},
-          {"highway", ZO_HWY_VERSION},
-          {"tbb", ZO_TBB_VERSION}};
+          {"highway", ZO_HWY_VERSION}};
 }
 
 Json SimdSection() {
