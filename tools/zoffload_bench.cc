@@ -34,7 +34,8 @@
 namespace zoffload::bench {
 namespace {
 
-constexpr const char* kUsage = R"(usage: zoffload-bench [nvme|adam|step|engine|pcie|kernels] [options]
+constexpr const char* kUsage =
+    R"(usage: zoffload-bench [nvme|adam|step|engine|pcie|kernels] [options]
 
 With no subcommand: every profile this machine supports, with short defaults (a 1 GiB
 temporary file in the current directory; 32M-parameter Adam steps; a 32M-parameter optimizer
@@ -581,13 +582,15 @@ int EngineMain(const std::vector<std::string>& args, bool short_defaults) {
   std::printf("\nengine (%s mode): %llu params in %d tensors, %s state in %s, %d threads\n",
               r->mode.c_str(), static_cast<unsigned long long>(r->params), r->tensors,
               r->state.c_str(), r->state_on.c_str(), r->threads);
-  std::printf("step_seconds          %8.3f   bound %.3f = gradients %.3f + CPU Adam %.3f + one "
-              "chunk's upload %.4f   ratio %.3f (target <= 1.10)\n",
-              r->step_seconds, r->bound_seconds, r->grad_alone_seconds, r->adam_alone_seconds,
-              r->chunk_upload_seconds, r->ratio);
-  std::printf("gradients_seconds     %8.3f   (produced and in host memory) against %.3f "
-              "produced alone: D2H adds %+.1f %% (target <= 5 %%)\n",
-              r->grads_seconds, r->grad_alone_seconds, 100 * r->d2h_overhead);
+  std::printf(
+      "step_seconds          %8.3f   bound %.3f = gradients %.3f + CPU Adam %.3f + one "
+      "chunk's upload %.4f   ratio %.3f (target <= 1.10)\n",
+      r->step_seconds, r->bound_seconds, r->grad_alone_seconds, r->adam_alone_seconds,
+      r->chunk_upload_seconds, r->ratio);
+  std::printf(
+      "gradients_seconds     %8.3f   (produced and in host memory) against %.3f "
+      "produced alone: D2H adds %+.1f %% (target <= 5 %%)\n",
+      r->grads_seconds, r->grad_alone_seconds, 100 * r->d2h_overhead);
   std::printf("update_seconds        %8.3f   (CPU Adam alone %.2f Gparam/s; H2D %.1f GB/s)\n",
               r->update_seconds, r->adam_alone_gparams, r->h2d_gbps);
   std::printf("host RSS              %s   (state + gradients %s: %.3fx; engine's count %s)\n",
@@ -681,18 +684,18 @@ int Main(int argc, char** argv) {
     return GpuMain(args[0], std::vector<std::string>(args.begin() + 1, args.end()), false);
   }
   if (!args.empty() && args[0].rfind("--", 0) != 0) {
-    std::fprintf(
-        stderr,
-        "zoffload-bench: unknown profile '%s' (available: nvme, adam, step, engine, pcie, kernels)\n%s",
-        args[0].c_str(), kUsage);
+    std::fprintf(stderr,
+                 "zoffload-bench: unknown profile '%s' (available: nvme, adam, step, engine, pcie, "
+                 "kernels)\n%s",
+                 args[0].c_str(), kUsage);
     return 2;
   }
   // Every profile this machine supports, short defaults.
   if (!args.empty()) {
-    std::fprintf(
-        stderr,
-        "zoffload-bench: options go after a profile name (nvme, adam, step, engine, pcie, kernels)\n%s",
-        kUsage);
+    std::fprintf(stderr,
+                 "zoffload-bench: options go after a profile name (nvme, adam, step, engine, pcie, "
+                 "kernels)\n%s",
+                 kUsage);
     return 2;
   }
   std::printf("== nvme (1 GiB temporary file in the current directory) ==\n");

@@ -91,12 +91,12 @@ struct EngineOptions {
 
 /// What one Step did and how long each phase took.
 struct EngineStepStats {
-  int64_t step = 0;       ///< optimizer steps taken so far (skipped ones not counted)
-  bool skipped = false;   ///< inf/NaN gradients: nothing was updated
-  double grad_norm = 0;   ///< of the unscaled gradients
-  float clip_coef = 1;    ///< applied to the unscaled gradients
-  float loss_scale = 1;   ///< used by this step (fp16), then updated
-  double seconds = 0;     ///< the whole Step call
+  int64_t step = 0;                ///< optimizer steps taken so far (skipped ones not counted)
+  bool skipped = false;            ///< inf/NaN gradients: nothing was updated
+  double grad_norm = 0;            ///< of the unscaled gradients
+  float clip_coef = 1;             ///< applied to the unscaled gradients
+  float loss_scale = 1;            ///< used by this step (fp16), then updated
+  double seconds = 0;              ///< the whole Step call
   double wait_grads_seconds = 0;   ///< waiting for gradients still on their way to the host
   double update_seconds = 0;       ///< norm, update, NVMe I/O and upload issue
   double adam_seconds = 0;         ///< of which in CPU Adam

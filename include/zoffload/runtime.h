@@ -35,14 +35,14 @@ struct RuntimeOptions {
   /// Swap directories (needed once anything lives on NVMe).
   std::vector<std::string> nvme_paths;
   AioConfig aio;
-  bool checksums = true;  ///< CRC32C of every NVMe block
-  bool durable = false;   ///< see SwapSpaceOptions::durable
+  bool checksums = true;           ///< CRC32C of every NVMe block
+  bool durable = false;            ///< see SwapSpaceOptions::durable
   uint64_t host_budget_bytes = 0;  ///< host memory for tensors and state; 0 = no budget
   uint64_t gpu_budget_bytes = 0;   ///< device memory for tensors and buffers; 0 = no budget
   /// TensorStore host tensors from the pinned pool when a GPU is present. (The engine's own
   /// DMA buffers, gradient landing and upload staging, are always pinned.)
   bool pin_host = true;
-  int device = 0;        ///< the GPU of device memory, pinned memory and the copy streams
+  int device = 0;          ///< the GPU of device memory, pinned memory and the copy streams
   std::string trace_path;  ///< when non-empty, a Chrome trace is written here at the end
   /// Test hook at the I/O seam (fault injection): wraps each I/O thread's backend.
   std::function<std::unique_ptr<IoBackend>(std::unique_ptr<IoBackend>)> wrap_backend;

@@ -15,10 +15,10 @@
 // 3. Residency: a host or nvme tensor on the GPU keeps its host copy (the staging for its
 //    moves). Host tensors and the NVMe cache count against the context's host budget; gpu
 //    tensors and GPU copies against its GPU budget (both shared with the context's other
-//    parts; the store evicts only its own copies). When a budget is hit the store evicts by next use: the order of
-//    acquisitions repeats every training step, so once a key comes round again the recorded
-//    cycle tells which cached copy is needed last (Belady's choice); before that, the least
-//    recently used one. Leased copies are never evicted; a request that cannot fit even so
+//    parts; the store evicts only its own copies). When a budget is hit the store evicts by next
+//    use: the order of acquisitions repeats every training step, so once a key comes round again
+//    the recorded cycle tells which cached copy is needed last (Belady's choice); before that, the
+//    least recently used one. Leased copies are never evicted; a request that cannot fit even so
 //    fails with RESOURCE_EXHAUSTED naming the budget.
 // 4. Leases of one tensor may be out at one place at a time, or at both when all of them only
 //    read. A GPU lease is released once the caller's device work on it has finished (e.g.

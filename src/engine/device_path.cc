@@ -53,9 +53,10 @@ Result<std::unique_ptr<DevicePath>> DevicePath::Create(RuntimeContext::Impl& rt,
   ZO_RETURN_IF_ERROR(rt.Copies().status());
   for (int b = 0; b < 2; ++b) {
     auto bucket = std::make_unique<Bucket>();
-    ZO_ASSIGN_OR_RETURN(bucket->memory,
-                        rt.AllocateDevice(path->bucket_bytes_,
-                                          "a gradient bucket (zero_optimization.reduce_bucket_size)"));
+    ZO_ASSIGN_OR_RETURN(
+        bucket->memory,
+        rt.AllocateDevice(path->bucket_bytes_,
+                          "a gradient bucket (zero_optimization.reduce_bucket_size)"));
     path->buckets_.push_back(std::move(bucket));
   }
   for (int s = 0; s < slots; ++s) {
@@ -81,8 +82,8 @@ DevicePath::~DevicePath() {
 Result<int> DevicePath::DeviceOf(const void* ptr) {
   cudaPointerAttributes attributes{};
   ZO_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attributes, ptr));
-  const bool device = attributes.type == cudaMemoryTypeDevice ||
-                      attributes.type == cudaMemoryTypeManaged;
+  const bool device =
+      attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
   return device ? attributes.device : -1;
 }
 
@@ -123,8 +124,8 @@ Status DevicePath::Flush(void* stream) {
   }
   if (landed_) {
     auto call = std::make_unique<LandedCall>(LandedCall{&landed_, std::move(b.pieces)});
-    ZO_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(
-        copies->stream(CopyEngine::Direction::kDeviceToHost), RunLanded, call.get()));
+    ZO_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(copies->stream(CopyEngine::Direction::kDeviceToHost),
+                                               RunLanded, call.get()));
     call.release();  // RunLanded owns it now
   }
   b.pieces.clear();

@@ -85,7 +85,7 @@ struct OffloadEngine::Impl : public ParamSink {
     DType dtype = DType::kBf16;
     int group = 0;
     const float* initial = nullptr;  // the caller's fp32 values, during Create only
-    HostMemory grads;    // accumulation 1: the gradient (dtype); > 1: the fp32 sum
+    HostMemory grads;                // accumulation 1: the gradient (dtype); > 1: the fp32 sum
     HostMemory landing;  // accumulation > 1 on the GPU: each micro-batch's gradient (dtype)
     int received = 0;    // gradients in this accumulation window
     uint64_t bytes() const { return n * DTypeBytes(dtype); }
@@ -135,8 +135,8 @@ struct OffloadEngine::Impl : public ParamSink {
   Result<Param*> Find(std::string_view name) {
     auto it = index.find(name);
     if (it == index.end()) {
-      return NotFoundError(StrCat("no parameter '", name, "' is registered (", params.size(),
-                                  " parameters)"));
+      return NotFoundError(
+          StrCat("no parameter '", name, "' is registered (", params.size(), " parameters)"));
     }
     return &params[it->second];
   }
@@ -271,17 +271,20 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
     return InvalidArgumentError(
         StrCat("engine: staging_slots must be at least 2, got ", options.staging_slots));
   }
-  e.groups = options.groups.empty() ? std::vector<ParamGroup>{ParamGroup::FromConfig(config.optimizer)}
-                                    : options.groups;
+  e.groups = options.groups.empty()
+                 ? std::vector<ParamGroup>{ParamGroup::FromConfig(config.optimizer)}
+                 : options.groups;
   e.accumulation = static_cast<int>(config.gradient_accumulation_steps.value_or(1));
   e.scaler = internal::LossScaler(config.fp16);
   if (specs.empty()) return InvalidArgumentError("engine: no parameters given");
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParameterSpec& s = specs[i];
-    if (s.name.empty()) return InvalidArgumentError(StrCat("engine: parameter #", i, " has no name"));
+    if (s.name.empty())
+      return InvalidArgumentError(StrCat("engine: parameter #", i, " has no name"));
     if (s.elements == 0 || s.data == nullptr) {
-      return InvalidArgumentError(StrCat("engine: parameter '", s.name, "' needs memory and at least 1 element (got ",
-                                         s.elements, " elements at ", s.data, ")"));
+      return InvalidArgumentError(StrCat("engine: parameter '", s.name,
+                                         "' needs memory and at least 1 element (got ", s.elements,
+                                         " elements at ", s.data, ")"));
     }
     if (s.group < 0 || s.group >= static_cast<int>(e.groups.size())) {
       return InvalidArgumentError(StrCat("engine: parameter '", s.name, "' is in group ", s.group,
@@ -332,7 +335,8 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
   if (e.gpu) {
     // Buckets no larger than all the gradients together.
     const uint64_t bucket = std::min<uint64_t>(
-        static_cast<uint64_t>(config.zero_optimization.reduce_bucket_size) * widest, e.total * widest);
+        static_cast<uint64_t>(config.zero_optimization.reduce_bucket_size) * widest,
+        e.total * widest);
     internal::DevicePath::Landed landed;
     if (e.accumulation > 1) {
       landed = [&e](std::vector<internal::DevicePath::Piece> pieces) {
@@ -341,9 +345,9 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
       };
       e.worker = std::thread([&e] { e.Work(); });
     }
-    ZO_ASSIGN_OR_RETURN(e.device, internal::DevicePath::Create(*e.rt, bucket, e.options.staging_slots,
-                                                               e.state->chunk_elements() * widest,
-                                                               std::move(landed)));
+    ZO_ASSIGN_OR_RETURN(e.device, internal::DevicePath::Create(
+                                      *e.rt, bucket, e.options.staging_slots,
+                                      e.state->chunk_elements() * widest, std::move(landed)));
   }
 #endif
   ZO_RETURN_IF_ERROR(e.Initialize());
@@ -356,14 +360,14 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
   Impl& e = *impl_;
   ZO_ASSIGN_OR_RETURN(Impl::Param * p, e.Find(name));
   if (dtype != p->dtype || elements != p->n || grad == nullptr) {
-    return InvalidArgumentError(StrCat("gradient of '", p->name, "': ", elements, " ",
-                                       ToString(dtype), " elements at ", grad, "; the parameter has ",
-                                       p->n, " ", ToString(p->dtype), " elements"));
+    return InvalidArgumentError(
+        StrCat("gradient of '", p->name, "': ", elements, " ", ToString(dtype), " elements at ",
+               grad, "; the parameter has ", p->n, " ", ToString(p->dtype), " elements"));
   }
   if (p->received >= e.accumulation) {
-    return FailedPreconditionError(StrCat(
-        "gradient of '", p->name, "': it already has its ", e.accumulation,
-        " gradient(s) of this step (gradient_accumulation_steps); call Step first"));
+    return FailedPreconditionError(
+        StrCat("gradient of '", p->name, "': it already has its ", e.accumulation,
+               " gradient(s) of this step (gradient_accumulation_steps); call Step first"));
   }
   ZO_RETURN_IF_ERROR(e.CheckMemory(grad, StrCat("gradient of '", p->name, "'")));
   const bool add = p->received > 0;
@@ -371,11 +375,13 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
 #if ZO_HAVE_CUDA
   if (e.gpu) {
     if (e.accumulation == 1) {
-      ZO_RETURN_IF_ERROR(e.device->Add(grad, p->bytes(), p->grads.data(), Impl::Tag(i, add), stream));
+      ZO_RETURN_IF_ERROR(
+          e.device->Add(grad, p->bytes(), p->grads.data(), Impl::Tag(i, add), stream));
     } else {
       // A new micro-batch lands where the last one did: the worker must have added it in.
       if (e.grads_in_window % e.params.size() == 0) e.AwaitAccumulated();
-      ZO_RETURN_IF_ERROR(e.device->Add(grad, p->bytes(), p->landing.data(), Impl::Tag(i, add), stream));
+      ZO_RETURN_IF_ERROR(
+          e.device->Add(grad, p->bytes(), p->landing.data(), Impl::Tag(i, add), stream));
     }
   }
 #else
@@ -392,7 +398,8 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
   ++e.grads_in_window;
 #if ZO_HAVE_CUDA
   // The last gradient of a backward: its bucket goes now.
-  if (e.gpu && e.grads_in_window % e.params.size() == 0) ZO_RETURN_IF_ERROR(e.device->Flush(stream));
+  if (e.gpu && e.grads_in_window % e.params.size() == 0)
+    ZO_RETURN_IF_ERROR(e.device->Flush(stream));
 #endif
   return Status::Ok();
 }
@@ -448,7 +455,8 @@ Result<EngineStepStats> OffloadEngine::Step() {
   }
   const float scale = e.scaler.scale();
   const auto update_start = Clock::now();
-  auto result = e.state->Step(grads, base, scale, static_cast<float>(e.config.gradient_clipping), &e);
+  auto result =
+      e.state->Step(grads, base, scale, static_cast<float>(e.config.gradient_clipping), &e);
   stats.update_seconds = Since(update_start);
   if (tracer != nullptr) tracer->Record(kEngineTrack, "update", update_start, Clock::now());
   ZO_RETURN_IF_ERROR(result.status().WithContext("Step"));
@@ -500,10 +508,10 @@ Status OffloadEngine::SetGroup(int index, const ParamGroup& group) {
   }
   if (!(group.lr >= 0) || !(group.beta1 >= 0 && group.beta1 < 1) ||
       !(group.beta2 >= 0 && group.beta2 < 1) || !(group.eps > 0) || !(group.weight_decay >= 0)) {
-    return InvalidArgumentError(StrCat("SetGroup ", index, ": lr ", group.lr, ", betas (", group.beta1,
-                                       ", ", group.beta2, "), eps ", group.eps, ", weight_decay ",
-                                       group.weight_decay,
-                                       ": need lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0"));
+    return InvalidArgumentError(
+        StrCat("SetGroup ", index, ": lr ", group.lr, ", betas (", group.beta1, ", ", group.beta2,
+               "), eps ", group.eps, ", weight_decay ", group.weight_decay,
+               ": need lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0"));
   }
   impl_->groups[index] = group;
   return Status::Ok();

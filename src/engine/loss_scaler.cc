@@ -7,9 +7,9 @@ namespace zoffload::internal {
 
 LossScaler::LossScaler(const Fp16Config& fp16)
     : dynamic_(fp16.enabled && fp16.loss_scale == 0),
-      scale_(!fp16.enabled            ? 1.0f
-             : fp16.loss_scale > 0    ? static_cast<float>(fp16.loss_scale)
-                                      : std::ldexp(1.0f, fp16.initial_scale_power)),
+      scale_(!fp16.enabled         ? 1.0f
+             : fp16.loss_scale > 0 ? static_cast<float>(fp16.loss_scale)
+                                   : std::ldexp(1.0f, fp16.initial_scale_power)),
       config_(fp16) {}
 
 void LossScaler::Update(bool overflow) {

@@ -27,8 +27,8 @@ class LossScaler {
   bool dynamic_;
   float scale_;
   Fp16Config config_;
-  int overflows_ = 0;    // since the scale last changed
-  int good_steps_ = 0;   // in a row, since the scale last changed or the last overflow
+  int overflows_ = 0;   // since the scale last changed
+  int good_steps_ = 0;  // in a row, since the scale last changed or the last overflow
 };
 
 }  // namespace zoffload::internal

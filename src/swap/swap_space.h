@@ -54,7 +54,6 @@ struct SwapSpaceOptions {
   Tracer* tracer = nullptr;  ///< see IoEngineOptions::tracer
   /// Test hook at the I/O seam (see IoEngineOptions).
   std::function<std::unique_ptr<IoBackend>(std::unique_ptr<IoBackend>)> wrap_backend;
-
 };
 
 class SwapSpace {

@@ -193,8 +193,8 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
                                             SwapSpace::ChecksumBy::kCaller));
   for (int b = 0; b < state->options_.pipeline.buffers; ++b) {
     auto slot = std::make_unique<Slot>();
-    ZO_ASSIGN_OR_RETURN(slot->images, state->rt_->AllocateHost(biggest, "an NVMe pipeline slot",
-                                                               false, true));
+    ZO_ASSIGN_OR_RETURN(slot->images,
+                        state->rt_->AllocateHost(biggest, "an NVMe pipeline slot", false, true));
     ZO_RETURN_IF_ERROR(state->swap_->engine().RegisterBuffer(slot->images.span()));
     state->slots_.push_back(std::move(slot));
   }
@@ -328,8 +328,8 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
   return result;
 }
 
-Status OptimizerState::UpdatePiece(size_t t, const TensorGrads& g, float* params, void* m,
-                                   void* v, uint64_t first, uint64_t n, const AdamHyper& hyper,
+Status OptimizerState::UpdatePiece(size_t t, const TensorGrads& g, float* params, void* m, void* v,
+                                   uint64_t first, uint64_t n, const AdamHyper& hyper,
                                    float grad_scale, ParamSink* sink, const std::string& label,
                                    StepStats* stats) {
   AdamShard shard;

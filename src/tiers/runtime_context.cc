@@ -13,9 +13,7 @@ namespace zoffload {
 
 // ---- ByteBudget ---------------------------------------------------------------------------
 
-bool ByteBudget::Fits(uint64_t bytes) const {
-  return limit_ == 0 || used() + bytes <= limit_;
-}
+bool ByteBudget::Fits(uint64_t bytes) const { return limit_ == 0 || used() + bytes <= limit_; }
 
 Status ByteBudget::Reserve(uint64_t bytes, std::string_view what) {
   uint64_t used = used_.load(std::memory_order_relaxed);
@@ -87,7 +85,8 @@ RuntimeOptions RuntimeOptions::FromConfig(const Config& config) {
   RuntimeOptions o;
   const ZeroConfig& zero = config.zero_optimization;
   o.nvme_paths = config.zoffload.nvme_paths;
-  for (const std::string* single : {&zero.offload_optimizer.nvme_path, &zero.offload_param.nvme_path}) {
+  for (const std::string* single :
+       {&zero.offload_optimizer.nvme_path, &zero.offload_param.nvme_path}) {
     if (o.nvme_paths.empty() && !single->empty()) o.nvme_paths.push_back(*single);
   }
   o.aio = config.aio;
@@ -203,9 +202,8 @@ Result<std::unique_ptr<RuntimeContext>> RuntimeContext::Create(RuntimeOptions op
     // enforced by AllocateHost; the pool's own limit is set no lower.
     PinnedPoolOptions po;
     po.device = impl->options_.device;
-    po.budget_bytes = impl->options_.host_budget_bytes != 0
-                          ? impl->options_.host_budget_bytes
-                          : std::numeric_limits<uint64_t>::max();
+    po.budget_bytes = impl->options_.host_budget_bytes != 0 ? impl->options_.host_budget_bytes
+                                                            : std::numeric_limits<uint64_t>::max();
     ZO_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::Create(po));
     impl->pinned_ = std::make_unique<PinnedPool>(std::move(pool));
   }

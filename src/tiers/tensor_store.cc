@@ -247,11 +247,11 @@ struct TensorStore::Impl {
         return !e.Loading();
       });
       if (victim == nullptr) {
-        return ResourceExhaustedError(StrCat(
-            "tensor store: the host budget ", HumanBytes(rt.host_budget().limit()),
-            " cannot hold '", for_key, "' (", HumanBytes(bytes), "): ",
-            HumanBytes(rt.host_budget().used()), " in use, ", HumanBytes(host_used),
-            " of it by this store's host tensors and leased or loading NVMe tensors"));
+        return ResourceExhaustedError(
+            StrCat("tensor store: the host budget ", HumanBytes(rt.host_budget().limit()),
+                   " cannot hold '", for_key, "' (", HumanBytes(bytes),
+                   "): ", HumanBytes(rt.host_budget().used()), " in use, ", HumanBytes(host_used),
+                   " of it by this store's host tensors and leased or loading NVMe tensors"));
       }
       ZO_RETURN_IF_ERROR(DropDevice(*victim));
       if (victim->dirty) ZO_RETURN_IF_ERROR(WriteBack(*victim));
@@ -268,10 +268,11 @@ struct TensorStore::Impl {
       StoreEntry* victim =
           Victim([](StoreEntry& e) { return e.has_device() && e.gpu_leases == 0; });
       if (victim == nullptr) {
-        return ResourceExhaustedError(StrCat(
-            "tensor store: the GPU budget ", HumanBytes(rt.gpu_budget().limit()), " cannot hold '",
-            for_key, "' (", HumanBytes(bytes), "): ", HumanBytes(rt.gpu_budget().used()),
-            " in use, ", HumanBytes(gpu_used), " of it by this store's gpu tensors and leased GPU copies"));
+        return ResourceExhaustedError(
+            StrCat("tensor store: the GPU budget ", HumanBytes(rt.gpu_budget().limit()),
+                   " cannot hold '", for_key, "' (", HumanBytes(bytes),
+                   "): ", HumanBytes(rt.gpu_budget().used()), " in use, ", HumanBytes(gpu_used),
+                   " of it by this store's gpu tensors and leased GPU copies"));
       }
       ZO_RETURN_IF_ERROR(DropDevice(*victim));
       ++stats.gpu_evictions;
@@ -359,7 +360,8 @@ struct TensorStore::Impl {
     }
     ++stats.gpu_misses;
     ZO_RETURN_IF_ERROR(MakeGpuRoom(e.bytes, e.key));
-    ZO_ASSIGN_OR_RETURN(e.device, rt.AllocateDevice(e.bytes, StrCat("the GPU copy of '", e.key, "'")));
+    ZO_ASSIGN_OR_RETURN(e.device,
+                        rt.AllocateDevice(e.bytes, StrCat("the GPU copy of '", e.key, "'")));
     gpu_used += e.bytes;
     if (!fill) return Status::Ok();
     stats.bytes_to_gpu += e.bytes;

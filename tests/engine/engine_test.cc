@@ -42,7 +42,9 @@ uint16_t ToBf16(float x) {
 }
 float FromBf16(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 
-std::string Name(size_t i) { return i % 2 == 0 ? StrCat("layer", i, ".weight") : StrCat("layer", i, ".bias"); }
+std::string Name(size_t i) {
+  return i % 2 == 0 ? StrCat("layer", i, ".weight") : StrCat("layer", i, ".bias");
+}
 int GroupOf(size_t i) { return static_cast<int>(i % 2); }  // biases: no weight decay
 
 struct Case {
@@ -62,15 +64,21 @@ Config MakeConfig(const Case& c, const std::string& dir) {
   const std::string device = home == "host" ? "cpu" : "nvme";
   const std::string ratio = home == "nvme50" ? "0.5" : "1.0";
   auto config = ParseConfig(StrCat(R"({
-    "gradient_accumulation_steps": )", c.accumulation, R"(,
-    "gradient_clipping": )", c.clip ? "0.5" : "0", R"(,
+    "gradient_accumulation_steps": )",
+                                   c.accumulation, R"(,
+    "gradient_clipping": )",
+                                   c.clip ? "0.5" : "0", R"(,
     "bf16": {"enabled": true},
     "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
-    "zero_optimization": {"stage": 2, "reduce_bucket_size": )", kBucketElements, R"(,
-      "offload_optimizer": {"device": ")", device, R"(", "nvme_path": ")", dir, R"(",
-                            "ratio": )", ratio, R"(}},
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": )",
+                                   kBucketElements, R"(,
+      "offload_optimizer": {"device": ")",
+                                   device, R"(", "nvme_path": ")", dir, R"(",
+                            "ratio": )",
+                                   ratio, R"(}},
     "aio": {"block_size": 65536},
-    "zoffload": {"optimizer_state": ")", ToString(c.state), R"(", "cpu_adam_threads": 2}
+    "zoffload": {"optimizer_state": ")",
+                                   ToString(c.state), R"(", "cpu_adam_threads": 2}
   })"));
   EXPECT_TRUE(config.ok()) << config.status();
   return *config;
@@ -166,7 +174,8 @@ struct Reference {
     if (!norm.finite) return false;
     double grad_norm;
     float clip_coef;
-    const float grad_scale = internal::ClipAndUnscale(norm.l2, loss_scale, clip, &grad_norm, &clip_coef);
+    const float grad_scale =
+        internal::ClipAndUnscale(norm.l2, loss_scale, clip, &grad_norm, &clip_coef);
     const std::vector<ParamGroup> groups = Groups();
     double sumsq = 0;
     for (size_t i = 0; i < kSizes.size(); ++i) {
@@ -190,8 +199,7 @@ struct Reference {
       // float64 AdamW.
       const double lr = static_cast<float>(LrAt(step)), b1 = g.beta1, b2 = g.beta2;
       for (uint64_t j = 0; j < kSizes[i]; ++j) {
-        const double grad =
-            (use_bf16 ? FromBf16(bf16[i][j]) : sums[i][j]) / loss_scale * coef64;
+        const double grad = (use_bf16 ? FromBf16(bf16[i][j]) : sums[i][j]) / loss_scale * coef64;
         double& p = p64[i][j];
         p *= 1 - lr * g.weight_decay;
         m64[i][j] = b1 * m64[i][j] + (1 - b1) * grad;
@@ -233,7 +241,8 @@ TEST_P(EngineTest, TrainingIsBitIdenticalToInMemoryAdam) {
     for (int micro = 0; micro < c.accumulation; ++micro) {
       last = Grads(1000 * step + micro);
       for (size_t i = kSizes.size(); i-- > 0;) {  // backward order
-        ASSERT_TRUE((*engine)->GradientReady(Name(i), last[i].data(), kSizes[i], DType::kBf16).ok());
+        ASSERT_TRUE(
+            (*engine)->GradientReady(Name(i), last[i].data(), kSizes[i], DType::kBf16).ok());
       }
       if (micro == 0) sums.assign(kSizes.size(), {});
       for (size_t i = 0; i < kSizes.size(); ++i) {
@@ -260,7 +269,8 @@ TEST_P(EngineTest, TrainingIsBitIdenticalToInMemoryAdam) {
     EXPECT_EQ(v, ref.v[i]);
     EXPECT_EQ(model.params[i], ref.copy[i]);  // the model's own parameters were written
     for (uint64_t j = 0; j < kSizes[i]; ++j) {
-      worst64 = std::max(worst64, std::abs(p[j] - ref.p64[i][j]) / std::max(1.0, std::abs(ref.p64[i][j])));
+      worst64 = std::max(worst64,
+                         std::abs(p[j] - ref.p64[i][j]) / std::max(1.0, std::abs(ref.p64[i][j])));
     }
   }
   if (c.state == StatePrecision::kFp32) {
@@ -272,7 +282,8 @@ std::vector<Case> AllCases() {
   std::vector<Case> cases;
   for (int gas : {1, 4}) {
     for (bool clip : {false, true}) {
-      for (StatePrecision s : {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+      for (StatePrecision s :
+           {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
         for (const char* home : {"host", "nvme", "nvme50"}) cases.push_back({gas, clip, s, home});
       }
     }
@@ -292,8 +303,8 @@ TEST(EngineFp16, OverflowSkipsTheStepAndHalvesTheScale) {
     auto config = ParseConfig(StrCat(R"({"fp16": {"enabled": true, "initial_scale_power": 8,
         "hysteresis": 1, "loss_scale_window": 3},
         "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
-        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": ")", device,
-                                     R"(", "nvme_path": ")", dir.path(), R"("}},
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": ")",
+                                     device, R"(", "nvme_path": ")", dir.path(), R"("}},
         "aio": {"block_size": 65536}, "zoffload": {"cpu_adam_threads": 2}})"));
     ASSERT_TRUE(config.ok()) << config.status();
     // fp16 parameters (bit patterns of small values).
@@ -403,8 +414,9 @@ TEST(EngineTest, BadInputIsAClearErrorAndChangesNothing) {
   auto missing = (*engine)->Step();
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_NE(missing.status().message().find("5 of 6 parameters lack gradients: 'layer0.weight' (0 of 1)"),
-            std::string::npos)
+  EXPECT_NE(
+      missing.status().message().find("5 of 6 parameters lack gradients: 'layer0.weight' (0 of 1)"),
+      std::string::npos)
       << missing.status();
   EXPECT_EQ((*engine)->steps(), 0);
   std::vector<float> p(kSizes[2]);
@@ -504,9 +516,8 @@ TEST_P(EngineGpu, TrainingOnTheGpuIsBitIdenticalToInMemoryAdam) {
           CUDA_OK(cudaMemcpyAsync(fp32, host_fp32.data(), 4 * kSizes[i], cudaMemcpyHostToDevice,
                                   stream));
           ASSERT_TRUE(gpu::Cast(fp32, DType::kFp32, grad, DType::kBf16, kSizes[i], stream).ok());
-          ASSERT_TRUE((*engine)
-                          ->GradientReady(Name(i), grad, kSizes[i], DType::kBf16, stream)
-                          .ok());
+          ASSERT_TRUE(
+              (*engine)->GradientReady(Name(i), grad, kSizes[i], DType::kBf16, stream).ok());
           CUDA_OK(cudaMemsetAsync(grad, 0xFF, 2 * kSizes[i], stream));  // reused at once
           CUDA_OK(cudaStreamSynchronize(stream));  // host_fp32 is refilled next
         }
@@ -540,8 +551,8 @@ TEST_P(EngineGpu, TrainingOnTheGpuIsBitIdenticalToInMemoryAdam) {
     }
     // A host pointer where device memory is expected is refused, naming it.
     std::vector<uint16_t> host_grad(kSizes[0]);
-    const Status s = (*engine)->GradientReady(Name(0), host_grad.data(), kSizes[0], DType::kBf16,
-                                              stream);
+    const Status s =
+        (*engine)->GradientReady(Name(0), host_grad.data(), kSizes[0], DType::kBf16, stream);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(s.message().find("host memory"), std::string::npos) << s;
   }
@@ -551,14 +562,13 @@ TEST_P(EngineGpu, TrainingOnTheGpuIsBitIdenticalToInMemoryAdam) {
   CUDA_OK(cudaStreamDestroy(stream));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Combinations, EngineGpu,
-    ::testing::Values(Case{1, false, StatePrecision::kFp32, "host"},
-                      Case{1, true, StatePrecision::kBf16, "nvme50"},
-                      Case{4, false, StatePrecision::kFp32, "nvme"},
-                      Case{4, true, StatePrecision::kInt8, "host"},
-                      Case{1, false, StatePrecision::kInt8, "nvme"}),
-    CaseName);
+INSTANTIATE_TEST_SUITE_P(Combinations, EngineGpu,
+                         ::testing::Values(Case{1, false, StatePrecision::kFp32, "host"},
+                                           Case{1, true, StatePrecision::kBf16, "nvme50"},
+                                           Case{4, false, StatePrecision::kFp32, "nvme"},
+                                           Case{4, true, StatePrecision::kInt8, "host"},
+                                           Case{1, false, StatePrecision::kInt8, "nvme"}),
+                         CaseName);
 #endif  // ZO_HAVE_CUDA
 
 }  // namespace

@@ -315,8 +315,7 @@ TEST(OptimizerStateFaults, ReadErrorAndChecksumMismatchFailTheStepClearly) {
       EXPECT_NE(again.status().message().find("earlier optimizer step failed"), std::string::npos)
           << again.status();
     }
-    auto reopened = Make(
-        Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
+    auto reopened = Make(Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
     ASSERT_FALSE(reopened.ok());
     EXPECT_EQ(reopened.status().code(), StatusCode::kDataLoss) << reopened.status();
     EXPECT_NE(reopened.status().message().find("optimizer-"), std::string::npos)
@@ -328,8 +327,7 @@ TEST(OptimizerStateFaults, ReadErrorAndChecksumMismatchFailTheStepClearly) {
 TEST(OptimizerStateFaults, KilledMidStepIsReportedOnReopen) {
   TempDir dir;
   {
-    auto state = Make(
-        Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
+    auto state = Make(Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
     ASSERT_TRUE(state.ok()) << state.status();
     Reference ref(StatePrecision::kFp32, 5);
     for (size_t i = 0; i < kSizes.size(); ++i) {
@@ -361,8 +359,7 @@ TEST(OptimizerStateFaults, KilledMidStepIsReportedOnReopen) {
   int status;
   ::waitpid(child, &status, 0);
   ASSERT_TRUE(WIFSIGNALED(status)) << "the child finished its step before the kill";
-  auto reopened = Make(
-      Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
+  auto reopened = Make(Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
   ASSERT_FALSE(reopened.ok()) << "the killed step was not detected";
   EXPECT_EQ(reopened.status().code(), StatusCode::kDataLoss) << reopened.status();
   EXPECT_NE(reopened.status().message().find("interrupted while writing"), std::string::npos)
@@ -373,13 +370,11 @@ TEST(OptimizerStateFaults, KilledMidStepIsReportedOnReopen) {
 
 TEST(OptimizerStateTest, RejectsBadInput) {
   TempDir dir;
-  EXPECT_EQ(Make({{"a", 5}, {"a", 6}},
-                                   Options(StateHome::kHost, StatePrecision::kFp32, dir.path()))
+  EXPECT_EQ(Make({{"a", 5}, {"a", 6}}, Options(StateHome::kHost, StatePrecision::kFp32, dir.path()))
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(Make({{"a", 0}},
-                                   Options(StateHome::kHost, StatePrecision::kFp32, dir.path()))
+  EXPECT_EQ(Make({{"a", 0}}, Options(StateHome::kHost, StatePrecision::kFp32, dir.path()))
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
@@ -387,11 +382,10 @@ TEST(OptimizerStateTest, RejectsBadInput) {
   one.state.pipeline.buffers = 1;
   auto refused = Make({{"a", 5}}, one);
   EXPECT_NE(refused.status().message().find("buffer_count"), std::string::npos) << refused.status();
-  auto missing = Make(
-      {{"a", 5}}, Options(StateHome::kNvme, StatePrecision::kFp32, dir.File("nope")));
+  auto missing =
+      Make({{"a", 5}}, Options(StateHome::kNvme, StatePrecision::kFp32, dir.File("nope")));
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound) << missing.status();
-  auto host = Make({{"a", 5}},
-                                     Options(StateHome::kHost, StatePrecision::kFp32, dir.path()));
+  auto host = Make({{"a", 5}}, Options(StateHome::kHost, StatePrecision::kFp32, dir.path()));
   ASSERT_TRUE(host.ok());
   std::vector<uint16_t> g(5);
   std::vector<TensorGrads> two(2, TensorGrads{g.data(), DType::kBf16});

@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include "tiers/optimizer_state.h"
 #include "test_util.h"
+#include "tiers/optimizer_state.h"
 #include "zoffload/tensor_store.h"
 
 namespace zoffload {

@@ -42,7 +42,8 @@ std::vector<uint64_t> TensorSizes(uint64_t params, int tensors) {
   std::vector<uint64_t> sizes(tensors);
   uint64_t used = 0;
   for (int k = 0; k < tensors; ++k) {
-    sizes[k] = std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(params) * w[k] / sum));
+    sizes[k] =
+        std::max<uint64_t>(1, static_cast<uint64_t>(static_cast<double>(params) * w[k] / sum));
     used += sizes[k];
   }
   // The rest (or the excess) goes to the largest tensor.
@@ -78,16 +79,19 @@ void FillHost(uint16_t* g, uint64_t n, uint32_t seed) {
 Result<double> AdamSecondsPerParam(uint64_t params, StatePrecision state, int threads) {
   const uint64_t n = std::min<uint64_t>(params, uint64_t{256} << 20);
   ZO_ASSIGN_OR_RETURN(AlignedBuffer p, AlignedBuffer::Allocate(4 * n, 64, true));
-  ZO_ASSIGN_OR_RETURN(AlignedBuffer m, AlignedBuffer::Allocate(AdamMomentBytes(state, n), 64, true));
-  ZO_ASSIGN_OR_RETURN(AlignedBuffer v, AlignedBuffer::Allocate(AdamMomentBytes(state, n), 64, true));
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer m,
+                      AlignedBuffer::Allocate(AdamMomentBytes(state, n), 64, true));
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer v,
+                      AlignedBuffer::Allocate(AdamMomentBytes(state, n), 64, true));
   ZO_ASSIGN_OR_RETURN(AlignedBuffer g, AlignedBuffer::Allocate(2 * n, 64, true));
   ZO_ASSIGN_OR_RETURN(AlignedBuffer copy, AlignedBuffer::Allocate(2 * n, 64, true));
   std::memset(p.data(), 0, p.size());
   std::memset(m.data(), 0, m.size());
   std::memset(v.data(), 0, v.size());
   FillHost(g.as<uint16_t>(), n, 7);
-  AdamShard shard{p.as<float>(), n, state, m.data(), v.data(), g.data(), DType::kBf16,
-                  copy.data(), ParamCopy::kBf16, 0};
+  AdamShard shard{p.as<float>(),    n,        state,        m.data(),
+                  v.data(),         g.data(), DType::kBf16, copy.data(),
+                  ParamCopy::kBf16, 0};
   AdamHyper hyper;
   std::vector<double> times;
   for (int r = 0; r < 4; ++r) {
@@ -132,7 +136,8 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
 
   // Anchors first, while memory is free.
   Progress progress("engine", o.steps + 4);
-  ZO_ASSIGN_OR_RETURN(const double adam_per_param, AdamSecondsPerParam(o.params, o.state, o.threads));
+  ZO_ASSIGN_OR_RETURN(const double adam_per_param,
+                      AdamSecondsPerParam(o.params, o.state, o.threads));
   rec.adam_alone_seconds = adam_per_param * static_cast<double>(o.params);
   rec.adam_alone_gparams = 1e-9 / adam_per_param;
   progress.Step(StrCat("CPU Adam alone: ", rec.adam_alone_gparams, " Gparam/s"));
@@ -175,11 +180,13 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
     void* dst = nullptr;
     ZO_CUDA_RETURN_IF_ERROR(cudaMallocHost(&pinned, bytes));
     Status st;
-    if (cudaMalloc(&dst, bytes) != cudaSuccess) st = ResourceExhaustedError("engine bench: 256 MiB of GPU memory");
+    if (cudaMalloc(&dst, bytes) != cudaSuccess)
+      st = ResourceExhaustedError("engine bench: 256 MiB of GPU memory");
     std::vector<double> times;
     for (int r = 0; r < 4 && st.ok(); ++r) {
       const auto start = Clock::now();
-      if (cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, owned_stream.s) != cudaSuccess ||
+      if (cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, owned_stream.s) !=
+              cudaSuccess ||
           cudaStreamSynchronize(owned_stream.s) != cudaSuccess) {
         st = InternalError("engine bench: H2D copy failed");
       }
@@ -204,9 +211,9 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
     for (size_t t = sizes.size(); t-- > 0;) {
 #if ZO_HAVE_CUDA
       if (gpu) {
-        const auto share = static_cast<uint64_t>(static_cast<double>(spin_ns) *
-                                                 static_cast<double>(sizes[t]) /
-                                                 static_cast<double>(o.params));
+        const auto share =
+            static_cast<uint64_t>(static_cast<double>(spin_ns) * static_cast<double>(sizes[t]) /
+                                  static_cast<double>(o.params));
         ZO_RETURN_IF_ERROR(ProduceGradients(grads, sizes[t], seed + t, share, stream));
       }
 #endif
@@ -308,7 +315,8 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
   rec.d2h_overhead = rec.grads_seconds / rec.grad_alone_seconds - 1;
   rec.chunk_elements = o.state == StatePrecision::kInt8 ? uint64_t{16} << 20 : uint64_t{4} << 20;
   rec.chunk_upload_seconds =
-      gpu ? static_cast<double>(2 * std::min(rec.chunk_elements, largest)) / (rec.h2d_gbps * 1e9) : 0;
+      gpu ? static_cast<double>(2 * std::min(rec.chunk_elements, largest)) / (rec.h2d_gbps * 1e9)
+          : 0;
   rec.bound_seconds = rec.grad_alone_seconds + rec.adam_alone_seconds + rec.chunk_upload_seconds;
   rec.ratio = rec.step_seconds / rec.bound_seconds;
   rec.host_rss_bytes = RssBytes() - rss_before;

@@ -43,10 +43,10 @@ struct EngineRecord {
   double update_seconds = 0;      ///< median: Step's update (norm, CPU Adam, uploads)
   double adam_alone_seconds = 0;  ///< CPU Adam (norm + update) alone, scaled to all params
   double adam_alone_gparams = 0;
-  double h2d_gbps = 0;            ///< pinned host -> device, measured here
+  double h2d_gbps = 0;  ///< pinned host -> device, measured here
   double chunk_upload_seconds = 0;
-  double bound_seconds = 0;  ///< grad_alone + adam_alone + chunk_upload
-  double ratio = 0;          ///< step_seconds / bound_seconds (target <= 1.10)
+  double bound_seconds = 0;        ///< grad_alone + adam_alone + chunk_upload
+  double ratio = 0;                ///< step_seconds / bound_seconds (target <= 1.10)
   uint64_t host_rss_bytes = 0;     ///< the process's RSS growth from creating the engine on
   uint64_t engine_host_bytes = 0;  ///< what the engine holds by its own count
   uint64_t state_bytes = 0;        ///< 12 B/param fp32 state (or its precision) + gradient bytes
