@@ -8,13 +8,10 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "build_info.h"
 #include "common/strings.h"
 #include "swap/swap_space.h"
+#include "tiers/device_copy.h"
 #include "tiers/runtime_context.h"
-#if ZO_HAVE_CUDA
-#include "gpu/gpu_info.h"
-#endif
 
 namespace zoffload {
 
@@ -62,9 +59,7 @@ struct StoreEntry {
   uint64_t bytes = 0;
   Tier home = Tier::kHost;
   HostMemory host;  // host home; the cache of an nvme tensor; kept while a GPU copy exists
-#if ZO_HAVE_CUDA
-  DeviceMemory device;  // gpu home, or the GPU copy of a host or nvme tensor
-#endif
+  std::unique_ptr<DeviceCopy> device;  // gpu home, or the GPU copy of a host or nvme tensor
   int host_leases = 0, gpu_leases = 0, writers = 0;
   bool dirty = false;         // nvme: the host copy is newer than the disk's
   bool device_dirty = false;  // the GPU copy of a host or nvme tensor is newer than the host's
@@ -77,24 +72,16 @@ struct StoreEntry {
   bool load_waited = false;  // a thread took `load` and waits for it (AwaitLoad)
   std::condition_variable load_cv;
   Status load_status;
-#if ZO_HAVE_CUDA
   // The GPU copy is filled once the load is in: by the load's completion callback when the
-  // host copy is pinned (one DMA, it does not block), else by the GPU lease's Get.
+  // host copy is pinned (one DMA, it does not block), else by the GPU lease's Get. The upload
+  // in flight is the DeviceCopy's.
   bool upload_after_load = false;
   bool load_landed = false;  // the load's callback ran and the data is in the host copy
-  CopyToken upload;          // host copy -> GPU copy (empty: none in flight)
   Status upload_status;      // of an upload the callback could not start
-#endif
 
   bool Loading() const { return load.valid() || load_waited; }  // move_mu held
 
-  bool has_device() const {
-#if ZO_HAVE_CUDA
-    return home != Tier::kGpu && device.data() != nullptr;
-#else
-    return false;
-#endif
-  }
+  bool has_device() const { return home != Tier::kGpu && device != nullptr; }
 };
 
 struct LeaseState {
@@ -107,6 +94,9 @@ struct LeaseState {
 
 }  // namespace internal
 
+using internal::AllocateDeviceCopy;
+using internal::DeviceCopiesAvailable;
+using internal::DeviceCopy;
 using internal::StoreEntry;
 
 struct TensorStore::Impl {
@@ -115,9 +105,6 @@ struct TensorStore::Impl {
   mutable std::mutex mu;
   std::unordered_map<std::string, std::unique_ptr<StoreEntry>> entries;
   SwapSpace* swap = nullptr;  // the context's, once the first nvme tensor is registered
-#if ZO_HAVE_CUDA
-  CopyEngine* copies = nullptr;  // the context's, once the first GPU copy is made
-#endif
   uint64_t host_used = 0, gpu_used = 0, tick = 0;  // this store's share of the budgets
   Stats stats;
   // Next-use eviction: the acquisition order until a key comes round again, then the cycle.
@@ -192,47 +179,31 @@ struct TensorStore::Impl {
     return Status::Ok();
   }
 
-#if ZO_HAVE_CUDA
   // Waits for an upload into e's GPU copy (mu held).
   static Status FinishUpload(StoreEntry& e) {
     std::lock_guard move_lock(e.move_mu);
     e.upload_after_load = false;
     e.upload_status = Status::Ok();
-    return std::exchange(e.upload, CopyToken()).Wait();
+    return e.device->WaitUpload();
   }
-#endif
 
   // GPU copy -> host copy when the GPU's is newer (mu held).
   Status Download(StoreEntry& e) {
-#if ZO_HAVE_CUDA
     if (!e.has_device() || !e.device_dirty) return Status::Ok();
-    if (e.host.pinned()) {
-      ZO_ASSIGN_OR_RETURN(CopyToken t,
-                          copies->DeviceToHost(e.host.data(), e.device.data(), e.bytes));
-      ZO_RETURN_IF_ERROR(t.Wait());
-    } else {
-      ZO_RETURN_IF_ERROR(copies->DeviceToHostStaged(e.host.data(), e.device.data(), e.bytes));
-    }
+    ZO_RETURN_IF_ERROR(e.device->Download(e.host));
     stats.bytes_from_gpu += e.bytes;
     e.device_dirty = false;
     if (e.home == Tier::kNvme) e.dirty = true;
-#else
-    (void)e;
-#endif
     return Status::Ok();
   }
 
   // Moves a GPU copy's changes down and frees it (mu held, not leased).
   Status DropDevice(StoreEntry& e) {
-#if ZO_HAVE_CUDA
     if (!e.has_device()) return Status::Ok();
     FinishUpload(e).IgnoreError();  // being dropped: its data no longer matters
     ZO_RETURN_IF_ERROR(Download(e));
-    e.device.Reset();
+    e.device.reset();
     gpu_used -= e.bytes;
-#else
-    (void)e;
-#endif
     return Status::Ok();
   }
 
@@ -296,20 +267,15 @@ struct TensorStore::Impl {
       std::memset(e.host.data(), 0, e.bytes);
       return Status::Ok();
     }
-    std::function<void(const Status&)> on_done;
-#if ZO_HAVE_CUDA
-    on_done = [this, entry = &e](const Status& status) {
+    auto on_done = [entry = &e](const Status& status) {
       std::lock_guard move_lock(entry->move_mu);
       entry->load_landed = status.ok();
       if (!status.ok() || !entry->upload_after_load || !entry->host.pinned()) return;
       entry->upload_after_load = false;
-      entry->upload_status = StartUpload(*entry);
+      entry->upload_status = entry->device->StartUpload(entry->host);
     };
-#endif
     std::lock_guard move_lock(e.move_mu);
-#if ZO_HAVE_CUDA
     e.load_landed = false;
-#endif
     e.load = swap->Read(e.key, 0, {e.host.data(), e.bytes}, std::move(on_done));
     e.load_status = Status::Ok();
     stats.bytes_read += e.bytes;
@@ -333,27 +299,11 @@ struct TensorStore::Impl {
     return e.load_status;
   }
 
-#if ZO_HAVE_CUDA
-  // host copy -> GPU copy (move_mu held).
-  Status StartUpload(StoreEntry& e) {
-    if (e.host.pinned()) {
-      ZO_ASSIGN_OR_RETURN(e.upload, copies->HostToDevice(e.device.data(), e.host.data(), e.bytes));
-    } else {
-      ZO_ASSIGN_OR_RETURN(e.upload,
-                          copies->HostToDeviceStaged(e.device.data(), e.host.data(), e.bytes));
-    }
-    return Status::Ok();
-  }
-#endif
-
   // Makes the GPU copy of a host or nvme tensor; fills it from the host copy unless it is to
   // be overwritten: now, or, while the host copy is loading, when a GPU lease's Get finds the
   // load in (mu held).
   Status Upload(StoreEntry& e, bool fill) {
-#if ZO_HAVE_CUDA
-    if (copies == nullptr) {
-      ZO_ASSIGN_OR_RETURN(copies, rt.Copies());
-    }
+    ZO_RETURN_IF_ERROR(DeviceCopiesAvailable(rt).WithContext("tensor store"));
     if (e.has_device()) {
       ++stats.gpu_hits;
       return Status::Ok();
@@ -361,7 +311,7 @@ struct TensorStore::Impl {
     ++stats.gpu_misses;
     ZO_RETURN_IF_ERROR(MakeGpuRoom(e.bytes, e.key));
     ZO_ASSIGN_OR_RETURN(e.device,
-                        rt.AllocateDevice(e.bytes, StrCat("the GPU copy of '", e.key, "'")));
+                        AllocateDeviceCopy(rt, e.bytes, StrCat("the GPU copy of '", e.key, "'")));
     gpu_used += e.bytes;
     if (!fill) return Status::Ok();
     stats.bytes_to_gpu += e.bytes;
@@ -370,12 +320,7 @@ struct TensorStore::Impl {
       e.upload_after_load = true;
       return Status::Ok();
     }
-    return StartUpload(e);
-#else
-    (void)e, (void)fill;
-    return FailedPreconditionError(
-        "tensor store: GPU residency needs a GPU, and this build has no CUDA");
-#endif
+    return e.device->StartUpload(e.host);
   }
 };
 
@@ -450,13 +395,11 @@ bool LeaseFuture::Ready() const {
   StoreEntry& e = *state_->entry;
   std::lock_guard move_lock(e.move_mu);
   if (e.load_waited || (e.load.valid() && !e.load.Ready())) return false;
-#if ZO_HAVE_CUDA
-  if (state_->at == Tier::kGpu) {
+  if (state_->at == Tier::kGpu && e.has_device()) {
     if (e.upload_after_load) return false;
-    const Result<bool> done = e.upload.Done();
+    const Result<bool> done = e.device->UploadDone();
     return !done.ok() || *done;
   }
-#endif
   return true;
 }
 
@@ -470,16 +413,14 @@ Result<Lease> LeaseFuture::Get() {
   {
     std::unique_lock move_lock(e.move_mu);
     loaded = TensorStore::Impl::AwaitLoad(e, move_lock);
-#if ZO_HAVE_CUDA
-    if (state->at == Tier::kGpu && loaded.ok()) {
+    if (state->at == Tier::kGpu && e.has_device() && loaded.ok()) {
       uploaded = std::exchange(e.upload_status, Status::Ok());
       if (uploaded.ok() && e.upload_after_load) {
         e.upload_after_load = false;
-        uploaded = s.StartUpload(e);
+        uploaded = e.device->StartUpload(e.host);
       }
-      if (uploaded.ok()) uploaded = std::exchange(e.upload, CopyToken()).Wait();
+      if (uploaded.ok()) uploaded = e.device->WaitUpload();
     }
-#endif
   }
   Lease lease;
   lease.store_ = state->store;
@@ -488,11 +429,7 @@ Result<Lease> LeaseFuture::Get() {
   lease.dtype_ = e.dtype;
   lease.access_ = state->access;
   lease.where_ = state->at;
-#if ZO_HAVE_CUDA
-  lease.data_ = state->at == Tier::kGpu ? static_cast<std::byte*>(e.device.data()) : e.host.data();
-#else
-  lease.data_ = e.host.data();
-#endif
+  lease.data_ = state->at == Tier::kGpu ? e.device->data() : e.host.data();
   if (loaded.ok() && uploaded.ok()) return lease;
   lease.store_ = nullptr;
   {
@@ -516,9 +453,7 @@ TensorStore::~TensorStore() {
   for (auto& [key, e] : impl_->entries) {
     std::unique_lock move_lock(e->move_mu);
     Impl::AwaitLoad(*e, move_lock).IgnoreError();
-#if ZO_HAVE_CUDA
-    e->upload.Wait().IgnoreError();
-#endif
+    if (e->device != nullptr) e->device->WaitUpload().IgnoreError();
   }
 }
 
@@ -551,16 +486,12 @@ Status TensorStore::Register(const std::string& key, DType dtype, uint64_t eleme
       break;
     }
     case Tier::kGpu: {
-#if ZO_HAVE_CUDA
-      ZO_RETURN_IF_ERROR(UsableGpuCount().status());
+      ZO_RETURN_IF_ERROR(DeviceCopiesAvailable(s.rt).WithContext(
+          StrCat("tensor store: '", key, "' cannot live on the GPU")));
       ZO_RETURN_IF_ERROR(s.MakeGpuRoom(bytes, key));
-      ZO_ASSIGN_OR_RETURN(e->device, s.rt.AllocateDevice(bytes, StrCat("tensor '", key, "'")));
+      ZO_ASSIGN_OR_RETURN(e->device, AllocateDeviceCopy(s.rt, bytes, StrCat("tensor '", key, "'")));
       s.gpu_used += bytes;
       break;
-#else
-      return FailedPreconditionError(
-          StrCat("tensor store: '", key, "' cannot live on the GPU: this build has no CUDA"));
-#endif
     }
     case Tier::kNvme: {
       if (s.swap == nullptr) {
@@ -591,14 +522,10 @@ Status TensorStore::Unregister(const std::string& key) {
   {
     std::unique_lock move_lock(e.move_mu);
     Impl::AwaitLoad(e, move_lock).IgnoreError();
-#if ZO_HAVE_CUDA
-    e.upload.Wait().IgnoreError();
-#endif
+    if (e.device != nullptr) e.device->WaitUpload().IgnoreError();
   }
   if (!e.host.empty()) s.host_used -= e.bytes;
-#if ZO_HAVE_CUDA
-  if (e.device.data() != nullptr) s.gpu_used -= e.bytes;
-#endif
+  if (e.device != nullptr) s.gpu_used -= e.bytes;
   if (e.home == Tier::kNvme) ZO_RETURN_IF_ERROR(s.swap->Remove(key));
   s.entries.erase(it);
   return Status::Ok();
