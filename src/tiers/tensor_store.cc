@@ -65,6 +65,9 @@ struct StoreEntry {
   bool device_dirty = false;  // the GPU copy of a host or nvme tensor is newer than the host's
   bool on_disk = false;       // the swap tensor holds data
   uint64_t last_use = 0;
+  // Threads moving its data with mu released (guarded by mu): while > 0 nobody else leases,
+  // evicts, moves or unregisters it (they wait on Impl::idle).
+  int busy = 0;
   // Moves in flight (guarded by move_mu, not the store's mutex; lock order: mu, then move_mu).
   // Nobody waits for the load while holding move_mu: its completion callback takes it.
   std::mutex move_mu;
@@ -102,7 +105,10 @@ using internal::StoreEntry;
 struct TensorStore::Impl {
   explicit Impl(RuntimeContext::Impl& runtime) : rt(runtime) {}
   RuntimeContext::Impl& rt;  // budgets, swap space, pinned pool, copy engine
+  // Guards the entries and counters. Nobody waits for a move (a D2H copy, an NVMe write, an
+  // upload) while holding it: moves run through Unlocked, with the entry marked busy.
   mutable std::mutex mu;
+  std::condition_variable idle;  // an entry's busy count fell to 0
   std::unordered_map<std::string, std::unique_ptr<StoreEntry>> entries;
   SwapSpace* swap = nullptr;  // the context's, once the first nvme tensor is registered
   uint64_t host_used = 0, gpu_used = 0, tick = 0;  // this store's share of the budgets
@@ -171,15 +177,39 @@ struct TensorStore::Impl {
     return victim;
   }
 
-  Status WriteBack(StoreEntry& e) {
-    ZO_RETURN_IF_ERROR(swap->Write(e.key, 0, {e.host.data(), e.bytes}).Wait());
+  // Host copy -> NVMe (mu held by `lock`, released meanwhile).
+  Status WriteBack(std::unique_lock<std::mutex>& lock, StoreEntry& e) {
+    ZO_RETURN_IF_ERROR(Unlocked(
+        lock, e, [this, &e] { return swap->Write(e.key, 0, {e.host.data(), e.bytes}).Wait(); }));
     stats.bytes_written += e.bytes;
     e.dirty = false;
     e.on_disk = true;
     return Status::Ok();
   }
 
-  // Waits for an upload into e's GPU copy (mu held).
+  // Runs `move` with mu (held by `lock`) released and e marked busy meanwhile.
+  template <typename Move>
+  Status Unlocked(std::unique_lock<std::mutex>& lock, StoreEntry& e, Move&& move) {
+    ++e.busy;
+    lock.unlock();
+    const Status status = move();
+    lock.lock();
+    if (--e.busy == 0) idle.notify_all();
+    return status;
+  }
+
+  // The entry of `key` once nobody moves it, or null (mu held by `lock`, released while
+  // waiting).
+  StoreEntry* FindIdle(std::unique_lock<std::mutex>& lock, const std::string& key) {
+    while (true) {
+      auto it = entries.find(key);
+      if (it == entries.end()) return nullptr;
+      if (it->second->busy == 0) return it->second.get();
+      idle.wait(lock);
+    }
+  }
+
+  // Waits for an upload into e's GPU copy (mu not held).
   static Status FinishUpload(StoreEntry& e) {
     std::lock_guard move_lock(e.move_mu);
     e.upload_after_load = false;
@@ -187,36 +217,54 @@ struct TensorStore::Impl {
     return e.device->WaitUpload();
   }
 
-  // GPU copy -> host copy when the GPU's is newer (mu held).
-  Status Download(StoreEntry& e) {
-    if (!e.has_device() || !e.device_dirty) return Status::Ok();
-    ZO_RETURN_IF_ERROR(e.device->Download(e.host));
+  // The GPU copy's changes are now in the host copy (mu held).
+  void Downloaded(StoreEntry& e) {
     stats.bytes_from_gpu += e.bytes;
     e.device_dirty = false;
     if (e.home == Tier::kNvme) e.dirty = true;
+  }
+
+  // GPU copy -> host copy when the GPU's is newer (mu held by `lock`, released meanwhile).
+  Status Download(std::unique_lock<std::mutex>& lock, StoreEntry& e) {
+    if (!e.has_device() || !e.device_dirty) return Status::Ok();
+    ZO_RETURN_IF_ERROR(Unlocked(lock, e, [&e] { return e.device->Download(e.host); }));
+    Downloaded(e);
     return Status::Ok();
   }
 
-  // Moves a GPU copy's changes down and frees it (mu held, not leased).
-  Status DropDevice(StoreEntry& e) {
+  // Moves a GPU copy's changes down and frees it (mu held by `lock`, released meanwhile; not
+  // leased).
+  Status DropDevice(std::unique_lock<std::mutex>& lock, StoreEntry& e) {
     if (!e.has_device()) return Status::Ok();
-    FinishUpload(e).IgnoreError();  // being dropped: its data no longer matters
-    ZO_RETURN_IF_ERROR(Download(e));
+    const bool changed = e.device_dirty;
+    ZO_RETURN_IF_ERROR(Unlocked(lock, e, [&e, changed] {
+      FinishUpload(e).IgnoreError();  // being dropped: its data no longer matters
+      return changed ? e.device->Download(e.host) : Status::Ok();
+    }));
+    if (changed) Downloaded(e);
     e.device.reset();
     gpu_used -= e.bytes;
     return Status::Ok();
   }
 
-  // Frees host copies of nvme tensors until `bytes` more fit in the host budget (mu held).
-  Status MakeRoom(uint64_t bytes, const std::string& for_key) {
+  // Frees host copies of nvme tensors until `bytes` more fit in the host budget (mu held by
+  // `lock`, released during write-backs).
+  Status MakeRoom(std::unique_lock<std::mutex>& lock, uint64_t bytes, const std::string& for_key) {
+    auto evictable = [](StoreEntry& e) {
+      return e.home == Tier::kNvme && !e.host.empty() && e.host_leases + e.gpu_leases == 0;
+    };
     while (!rt.host_budget().Fits(bytes)) {
-      StoreEntry* victim = Victim([](StoreEntry& e) {
-        if (e.home != Tier::kNvme || e.host.empty() || e.host_leases + e.gpu_leases > 0) {
-          return false;
-        }
+      StoreEntry* victim = Victim([&evictable](StoreEntry& e) {
+        if (!evictable(e) || e.busy > 0) return false;
         std::lock_guard move_lock(e.move_mu);
         return !e.Loading();
       });
+      if (victim == nullptr && Victim([&evictable](StoreEntry& e) {
+            return evictable(e) && e.busy > 0;
+          }) != nullptr) {
+        idle.wait(lock);  // another thread is evicting: its room may be enough
+        continue;
+      }
       if (victim == nullptr) {
         return ResourceExhaustedError(
             StrCat("tensor store: the host budget ", HumanBytes(rt.host_budget().limit()),
@@ -224,8 +272,8 @@ struct TensorStore::Impl {
                    "): ", HumanBytes(rt.host_budget().used()), " in use, ", HumanBytes(host_used),
                    " of it by this store's host tensors and leased or loading NVMe tensors"));
       }
-      ZO_RETURN_IF_ERROR(DropDevice(*victim));
-      if (victim->dirty) ZO_RETURN_IF_ERROR(WriteBack(*victim));
+      ZO_RETURN_IF_ERROR(DropDevice(lock, *victim));
+      if (victim->dirty) ZO_RETURN_IF_ERROR(WriteBack(lock, *victim));
       host_used -= victim->bytes;
       victim->host.Reset();
       ++stats.evictions;
@@ -233,11 +281,18 @@ struct TensorStore::Impl {
     return Status::Ok();
   }
 
-  // Frees GPU copies until `bytes` more fit in the GPU budget (mu held).
-  Status MakeGpuRoom(uint64_t bytes, const std::string& for_key) {
+  // Frees GPU copies until `bytes` more fit in the GPU budget (mu held by `lock`, released
+  // during downloads).
+  Status MakeGpuRoom(std::unique_lock<std::mutex>& lock, uint64_t bytes,
+                     const std::string& for_key) {
     while (!rt.gpu_budget().Fits(bytes)) {
-      StoreEntry* victim =
-          Victim([](StoreEntry& e) { return e.has_device() && e.gpu_leases == 0; });
+      StoreEntry* victim = Victim(
+          [](StoreEntry& e) { return e.has_device() && e.gpu_leases == 0 && e.busy == 0; });
+      if (victim == nullptr &&
+          Victim([](StoreEntry& e) { return e.has_device() && e.busy > 0; }) != nullptr) {
+        idle.wait(lock);  // another thread is moving a GPU copy: its room may be enough
+        continue;
+      }
       if (victim == nullptr) {
         return ResourceExhaustedError(
             StrCat("tensor store: the GPU budget ", HumanBytes(rt.gpu_budget().limit()),
@@ -245,21 +300,21 @@ struct TensorStore::Impl {
                    "): ", HumanBytes(rt.gpu_budget().used()), " in use, ", HumanBytes(gpu_used),
                    " of it by this store's gpu tensors and leased GPU copies"));
       }
-      ZO_RETURN_IF_ERROR(DropDevice(*victim));
+      ZO_RETURN_IF_ERROR(DropDevice(lock, *victim));
       ++stats.gpu_evictions;
     }
     return Status::Ok();
   }
 
   // Makes an nvme tensor's host copy, starting its read unless it is to be overwritten
-  // (mu held).
-  Status Load(StoreEntry& e, bool read) {
+  // (mu held by `lock`, released while making room).
+  Status Load(std::unique_lock<std::mutex>& lock, StoreEntry& e, bool read) {
     if (!e.host.empty()) {
       ++stats.hits;
       return Status::Ok();
     }
     ++stats.misses;
-    ZO_RETURN_IF_ERROR(MakeRoom(e.bytes, e.key));
+    ZO_RETURN_IF_ERROR(MakeRoom(lock, e.bytes, e.key));
     ZO_ASSIGN_OR_RETURN(e.host, AllocateHost(e.bytes, e.key));
     host_used += e.bytes;
     if (!read) return Status::Ok();
@@ -301,15 +356,16 @@ struct TensorStore::Impl {
 
   // Makes the GPU copy of a host or nvme tensor; fills it from the host copy unless it is to
   // be overwritten: now, or, while the host copy is loading, when a GPU lease's Get finds the
-  // load in (mu held).
-  Status Upload(StoreEntry& e, bool fill) {
+  // load in (mu held by `lock`, released while making room). A pageable host copy is read
+  // into staging before this returns (pinned copies, the default with a GPU, go in one DMA).
+  Status Upload(std::unique_lock<std::mutex>& lock, StoreEntry& e, bool fill) {
     ZO_RETURN_IF_ERROR(DeviceCopiesAvailable(rt).WithContext("tensor store"));
     if (e.has_device()) {
       ++stats.gpu_hits;
       return Status::Ok();
     }
     ++stats.gpu_misses;
-    ZO_RETURN_IF_ERROR(MakeGpuRoom(e.bytes, e.key));
+    ZO_RETURN_IF_ERROR(MakeGpuRoom(lock, e.bytes, e.key));
     ZO_ASSIGN_OR_RETURN(e.device,
                         AllocateDeviceCopy(rt, e.bytes, StrCat("the GPU copy of '", e.key, "'")));
     gpu_used += e.bytes;
@@ -433,10 +489,12 @@ Result<Lease> LeaseFuture::Get() {
   if (loaded.ok() && uploaded.ok()) return lease;
   lease.store_ = nullptr;
   {
-    // The failed copy is dropped (once, by whoever sees it first); the home stays.
-    std::lock_guard lock(s.mu);
+    // The failed copy is dropped (once, by whoever sees it first); the home stays. The lease
+    // keeps the entry registered while this waits for other moves of it.
+    std::unique_lock lock(s.mu);
+    s.idle.wait(lock, [&e] { return e.busy == 0; });
     EndLease(e, state->at, state->access);
-    s.DropDevice(e).IgnoreError();  // a GPU copy of this tensor was never filled
+    s.DropDevice(lock, e).IgnoreError();  // a GPU copy of this tensor was never filled
     if (!loaded.ok() && e.home == Tier::kNvme && !e.host.empty()) {
       s.host_used -= e.bytes;
       e.host.Reset();
@@ -468,10 +526,11 @@ Status TensorStore::Register(const std::string& key, DType dtype, uint64_t eleme
   }
   const uint64_t bytes = elements * DTypeBytes(dtype);
   Impl& s = *impl_;
-  std::lock_guard lock(s.mu);
-  if (s.entries.contains(key)) {
+  std::unique_lock lock(s.mu);
+  auto registered = [&] {
     return Status(StatusCode::kAlreadyExists, StrCat("tensor store: '", key, "' is registered"));
-  }
+  };
+  if (s.entries.contains(key)) return registered();
   auto e = std::make_unique<StoreEntry>();
   e->key = key;
   e->dtype = dtype;
@@ -479,7 +538,8 @@ Status TensorStore::Register(const std::string& key, DType dtype, uint64_t eleme
   e->home = home;
   switch (home) {
     case Tier::kHost: {
-      ZO_RETURN_IF_ERROR(s.MakeRoom(bytes, key));
+      ZO_RETURN_IF_ERROR(s.MakeRoom(lock, bytes, key));
+      if (s.entries.contains(key)) return registered();  // while room was made
       ZO_ASSIGN_OR_RETURN(e->host, s.AllocateHost(bytes, key));
       std::memset(e->host.data(), 0, bytes);
       s.host_used += bytes;
@@ -488,7 +548,8 @@ Status TensorStore::Register(const std::string& key, DType dtype, uint64_t eleme
     case Tier::kGpu: {
       ZO_RETURN_IF_ERROR(DeviceCopiesAvailable(s.rt).WithContext(
           StrCat("tensor store: '", key, "' cannot live on the GPU")));
-      ZO_RETURN_IF_ERROR(s.MakeGpuRoom(bytes, key));
+      ZO_RETURN_IF_ERROR(s.MakeGpuRoom(lock, bytes, key));
+      if (s.entries.contains(key)) return registered();  // while room was made
       ZO_ASSIGN_OR_RETURN(e->device, AllocateDeviceCopy(s.rt, bytes, StrCat("tensor '", key, "'")));
       s.gpu_used += bytes;
       break;
@@ -512,22 +573,24 @@ Status TensorStore::Register(const std::string& key, DType dtype, uint64_t eleme
 
 Status TensorStore::Unregister(const std::string& key) {
   Impl& s = *impl_;
-  std::lock_guard lock(s.mu);
-  auto it = s.entries.find(key);
-  if (it == s.entries.end()) return NotFoundError(StrCat("tensor store: no tensor '", key, "'"));
-  StoreEntry& e = *it->second;
+  std::unique_lock lock(s.mu);
+  StoreEntry* found = s.FindIdle(lock, key);
+  if (found == nullptr) return NotFoundError(StrCat("tensor store: no tensor '", key, "'"));
+  StoreEntry& e = *found;
   if (e.host_leases + e.gpu_leases > 0) {
     return FailedPreconditionError(StrCat("tensor store: '", key, "' is leased"));
   }
-  {
-    std::unique_lock move_lock(e.move_mu);
-    Impl::AwaitLoad(e, move_lock).IgnoreError();
-    if (e.device != nullptr) e.device->WaitUpload().IgnoreError();
-  }
+  s.Unlocked(lock, e, [&e] {
+     std::unique_lock move_lock(e.move_mu);
+     Impl::AwaitLoad(e, move_lock).IgnoreError();
+     if (e.device != nullptr) e.device->WaitUpload().IgnoreError();
+     return Status::Ok();
+   }).IgnoreError();
+  // Nobody leased it meanwhile (it was busy), and it is not busy now.
   if (!e.host.empty()) s.host_used -= e.bytes;
   if (e.device != nullptr) s.gpu_used -= e.bytes;
   if (e.home == Tier::kNvme) ZO_RETURN_IF_ERROR(s.swap->Remove(key));
-  s.entries.erase(it);
+  s.entries.erase(key);
   return Status::Ok();
 }
 
@@ -538,13 +601,13 @@ LeaseFuture TensorStore::Acquire(const std::string& key, Access access, std::opt
   internal::LeaseState& state = *future.state_;
   state.store = this;
   state.access = access;
-  std::lock_guard lock(s.mu);
-  auto it = s.entries.find(key);
-  if (it == s.entries.end()) {
+  std::unique_lock lock(s.mu);
+  StoreEntry* found = s.FindIdle(lock, key);
+  if (found == nullptr) {
     state.error = NotFoundError(StrCat("tensor store: no tensor '", key, "'"));
     return future;
   }
-  StoreEntry& e = *it->second;
+  StoreEntry& e = *found;
   state.at = at.value_or(e.home == Tier::kGpu ? Tier::kGpu : Tier::kHost);
   if (state.at == Tier::kNvme || (e.home == Tier::kGpu && state.at == Tier::kHost)) {
     state.error =
@@ -564,15 +627,17 @@ LeaseFuture TensorStore::Acquire(const std::string& key, Access access, std::opt
   }
   s.NoteAccess(key);
   Status st;
+  ++e.busy;  // while mu is released below, nobody else moves, evicts or unregisters it
   if (on_gpu && e.home != Tier::kGpu) {
-    if (e.home == Tier::kNvme) st = s.Load(e, access != Access::kWrite);
-    if (st.ok()) st = s.Upload(e, access != Access::kWrite);
+    if (e.home == Tier::kNvme) st = s.Load(lock, e, access != Access::kWrite);
+    if (st.ok()) st = s.Upload(lock, e, access != Access::kWrite);
   } else if (!on_gpu) {
-    st = s.Download(e);  // the GPU copy's released changes first
-    if (st.ok() && e.home == Tier::kNvme) st = s.Load(e, access != Access::kWrite);
+    st = s.Download(lock, e);  // the GPU copy's released changes first
+    if (st.ok() && e.home == Tier::kNvme) st = s.Load(lock, e, access != Access::kWrite);
     // A host lease that writes makes the GPU copy stale.
-    if (st.ok() && access != Access::kRead) st = s.DropDevice(e);
+    if (st.ok() && access != Access::kRead) st = s.DropDevice(lock, e);
   }
+  if (--e.busy == 0) s.idle.notify_all();
   if (!st.ok()) {
     state.error = st;
     return future;
@@ -586,29 +651,43 @@ LeaseFuture TensorStore::Acquire(const std::string& key, Access access, std::opt
 
 void TensorStore::Prefetch(const std::string& key, std::optional<Tier> at) {
   Impl& s = *impl_;
-  std::lock_guard lock(s.mu);
+  std::unique_lock lock(s.mu);
   auto it = s.entries.find(key);
-  if (it == s.entries.end()) return;
+  // In use or on the move: nothing to move ahead.
+  if (it == s.entries.end() || it->second->busy > 0) return;
   StoreEntry& e = *it->second;
   const bool on_gpu = at == Tier::kGpu && e.home != Tier::kGpu;
-  if (e.gpu_leases + e.host_leases > 0) return;  // in use: nothing to move ahead
+  if (e.gpu_leases + e.host_leases > 0) return;
+  ++e.busy;
   // A hint: no room now means no prefetch.
-  if (e.home == Tier::kNvme && !s.Load(e, true).ok()) return;
-  if (on_gpu) s.Upload(e, true).IgnoreError();
+  if (e.home != Tier::kNvme || s.Load(lock, e, true).ok()) {
+    if (on_gpu) s.Upload(lock, e, true).IgnoreError();
+  }
+  if (--e.busy == 0) s.idle.notify_all();
 }
 
 Status TensorStore::Flush() {
   Impl& s = *impl_;
-  std::lock_guard lock(s.mu);
-  for (auto& [key, e] : s.entries) {
+  std::unique_lock lock(s.mu);
+  std::vector<std::string> keys;  // the map may change while mu is released below
+  for (const auto& [key, e] : s.entries) keys.push_back(key);
+  for (const std::string& key : keys) {
+    StoreEntry* e = s.FindIdle(lock, key);
     // Released changes only: a GPU lease that writes may be changing its copy now.
-    if (e->writers == 0 || e->gpu_leases == 0) ZO_RETURN_IF_ERROR(s.Download(*e));
+    if (e != nullptr && (e->writers == 0 || e->gpu_leases == 0)) {
+      ZO_RETURN_IF_ERROR(s.Download(lock, *e));
+    }
   }
   if (s.swap == nullptr) return Status::Ok();
-  for (auto& [key, e] : s.entries) {
-    if (e->home == Tier::kNvme && e->dirty) ZO_RETURN_IF_ERROR(s.WriteBack(*e));
+  for (const std::string& key : keys) {
+    StoreEntry* e = s.FindIdle(lock, key);
+    if (e != nullptr && e->home == Tier::kNvme && e->dirty) {
+      ZO_RETURN_IF_ERROR(s.WriteBack(lock, *e));
+    }
   }
-  return s.swap->Commit();
+  SwapSpace* swap = s.swap;
+  lock.unlock();
+  return swap->Commit();
 }
 
 TensorStore::Stats TensorStore::stats() const {

@@ -12,6 +12,7 @@
 
 #include "build_info.h"
 #include "common/strings.h"
+#include "swap/fault_backend.h"
 #include "test_util.h"
 #if ZO_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -219,6 +220,43 @@ TEST(TensorStoreNvme, EvictsByNextUseAndWritesBackDirtyTensors) {
   ASSERT_TRUE((*store)->Flush().ok());
   store->reset();
   ExpectCountersOnDisk(NvmeOptions(dir.path(), 3 << 20), kTensors, 4);
+}
+
+// An eviction's write-back runs with the store's mutex released: while one thread waits for a
+// slow write, another leases a resident tensor, reads the counters and registers a tensor.
+TEST(TensorStoreNvme, NoWaitForAWriteBackHoldsTheStore) {
+  TempDir dir;
+  RuntimeOptions o = NvmeOptions(dir.path(), (2 << 20) + 4096);  // a, b and h; not c too
+  o.wrap_backend = testing::InjectFaults(std::make_shared<testing::FaultPlan>(
+      std::vector<testing::FaultRule>{
+          {IoOp::kWrite, testing::FaultRule::Action::kDelay, 0, -1, 0, 0, 100}}));
+  auto store = OpenStore(o);
+  ASSERT_TRUE(store.ok());
+  for (const char* k : {"a", "b", "c"}) {
+    ASSERT_TRUE((*store)->Register(k, DType::kFp32, 1 << 18, Tier::kNvme).ok());
+  }
+  ASSERT_TRUE((*store)->Register("h", DType::kFp32, 16, Tier::kHost).ok());
+  { ASSERT_TRUE((*store)->Acquire("a", Access::kWrite).Get().ok()); }  // dirty: a write-back
+  { ASSERT_TRUE((*store)->Acquire("b", Access::kWrite).Get().ok()); }
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  std::thread evicting([&] {  // "c" needs room: "a" is written back (100 ms per batch)
+    EXPECT_TRUE((*store)->Acquire("c", Access::kWrite).Get().ok());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const auto others = Clock::now();
+  {
+    auto h = (*store)->Acquire("h", Access::kRead).Get();
+    EXPECT_TRUE(h.ok()) << h.status();
+  }
+  EXPECT_EQ((*store)->stats().evictions, 0u);  // the eviction is still under way
+  EXPECT_TRUE((*store)->Contains("b"));
+  const double waited = std::chrono::duration<double>(Clock::now() - others).count();
+  evicting.join();
+  const double evicted = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_GE(evicted, 0.2);  // the write-back was slow...
+  EXPECT_LT(waited, 0.1);   // ...and nobody else waited for it
+  EXPECT_EQ((*store)->stats().evictions, 1u);
 }
 
 TEST(TensorStoreNvme, LeasedTensorsAreNeverEvicted) {
