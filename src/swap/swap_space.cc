@@ -39,7 +39,7 @@ constexpr const char* kManifestName = "zoffload-swap.json";
 constexpr const char* kFileSuffix = ".zoswap";
 constexpr int kManifestVersion = 1;
 
-enum class TensorState { kEmpty, kClean, kWriting };
+using TensorState = SwapSpace::TensorInfo::State;
 
 const char* StateName(TensorState s) {
   switch (s) {
@@ -49,6 +49,8 @@ const char* StateName(TensorState s) {
       return "clean";
     case TensorState::kWriting:
       return "writing";
+    case TensorState::kInterrupted:
+      return "interrupted";
   }
   return "?";
 }
@@ -150,6 +152,7 @@ struct TensorEntry {
   bool caller_checksums = false;
   TensorState state = TensorState::kEmpty;
   bool has_data = false;  // written at least once (clean on disk, or written since)
+  uint64_t generation = 0;  // the swap space's generation when it was last committed
   bool written_since_commit = false;
   std::atomic<bool> write_failed{false};
 };
@@ -198,7 +201,10 @@ struct SwapSpace::Impl {
 Status SwapSpace::Impl::PersistManifest() {
   Json tensors_json = Json::object();
   for (const auto& [key, t] : tensors) {
-    tensors_json[key] = {{"bytes", t->bytes}, {"state", StateName(t->state)}, {"crc32c", t->crc}};
+    tensors_json[key] = {{"bytes", t->bytes},
+                         {"state", StateName(t->state)},
+                         {"generation", t->generation},
+                         {"crc32c", t->crc}};
   }
   const Json j = {{"format", "zoffload-swap"},
                   {"version", kManifestVersion},
@@ -381,9 +387,11 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
     t->bytes = tj.value("bytes", uint64_t{0});
     t->stem = EscapeKey(key);
     t->crc = tj.value("crc32c", std::vector<uint32_t>{});
+    t->generation = tj.value("generation", uint64_t{0});
     const std::string state = tj.value("state", "");
-    if (state == "writing") {
+    if (state == "writing" || state == "interrupted") {
       torn.push_back(key);
+      t->state = TensorState::kInterrupted;
     } else if (state == "clean") {
       t->state = TensorState::kClean;
       t->has_data = true;
@@ -399,13 +407,14 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
   if (!torn.empty()) {
     std::string names;
     for (const std::string& k : torn) names += StrCat(names.empty() ? "" : ", ", "'", k, "'");
-    return DataLossError(StrCat(
-        "swap space at ", impl->options.paths[0], " was interrupted while writing (generation ",
-        impl->generation, "): tensors ", names,
-        " may be torn. It cannot be used as consistent: restore from a checkpoint and "
-        "SwapSpace::Destroy it"));
+    Log(LogLevel::kWarning,
+        StrCat("swap space at ", impl->options.paths[0], " was interrupted while writing: ",
+               names, " may be torn and will not be read until written again in full"));
   }
   for (auto& [key, t] : impl->tensors) {
+    // An interrupted tensor's checksums no longer vouch for any block: a block not rewritten
+    // since fails its read.
+    if (t->state == TensorState::kInterrupted) std::fill(t->crc.begin(), t->crc.end(), 0);
     ZO_RETURN_IF_ERROR(
         impl->OpenFiles(*t, /*create=*/false).WithContext(StrCat("tensor '", key, "'")));
   }
@@ -486,6 +495,14 @@ bool SwapSpace::Contains(const std::string& key) const {
   return impl_->tensors.count(key) != 0;
 }
 
+Result<SwapSpace::TensorInfo> SwapSpace::Info(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->tensors.find(key);
+  if (it == impl_->tensors.end())
+    return NotFoundError(StrCat("no tensor '", key, "' in swap space"));
+  return TensorInfo{it->second->bytes, it->second->state, it->second->generation};
+}
+
 Result<uint64_t> SwapSpace::Size(const std::string& key) const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto it = impl_->tensors.find(key);
@@ -499,6 +516,20 @@ std::vector<std::string> SwapSpace::Keys() const {
   std::vector<std::string> keys;
   for (const auto& [key, t] : impl_->tensors) keys.push_back(key);
   return keys;
+}
+
+Status SwapSpace::Invalidate(const std::string& key) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->tensors.find(key);
+  if (it == impl_->tensors.end())
+    return NotFoundError(StrCat("no tensor '", key, "' in swap space"));
+  TensorEntry& t = *it->second;
+  t.state = TensorState::kInterrupted;
+  t.has_data = false;
+  t.write_failed = false;
+  t.written_since_commit = false;
+  std::fill(t.crc.begin(), t.crc.end(), 0);
+  return Status::Ok();
 }
 
 Status SwapSpace::BeginWrite(const std::vector<std::string>& keys) {
@@ -560,6 +591,12 @@ IoFuture SwapSpace::Read(const std::string& key, uint64_t offset, std::span<std:
       return IoFuture::Done(NotFoundError(StrCat("no tensor '", key, "' in swap space")));
     }
     TensorEntry& t = *it->second;
+    if (t.state == TensorState::kInterrupted) {
+      return IoFuture::Done(DataLossError(
+          StrCat("tensor '", key,
+                 "' was interrupted while writing (a process failed or was killed mid-write): it "
+                 "may mix two versions and is not read until written again in full")));
+    }
     if (!t.has_data) {
       return IoFuture::Done(
           FailedPreconditionError(StrCat("tensor '", key, "' was allocated but never written")));
@@ -642,10 +679,13 @@ Status SwapSpace::Verify(const std::string& key, uint64_t offset, std::span<cons
   return Status::Ok();
 }
 
-Status SwapSpace::Commit(bool defer_manifest) {
+Status SwapSpace::Commit(bool defer_manifest, const std::vector<std::string>& keys) {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  auto chosen = [&keys](const std::string& key) {
+    return keys.empty() || std::find(keys.begin(), keys.end(), key) != keys.end();
+  };
   for (auto& [key, t] : impl_->tensors) {
-    if (t->state != TensorState::kWriting) continue;
+    if (t->state != TensorState::kWriting || !chosen(key)) continue;
     if (t->write_failed) {
       return DataLossError(StrCat("cannot commit: the last write of tensor '", key,
                                   "' failed; it stays marked as being written"));
@@ -655,7 +695,7 @@ Status SwapSpace::Commit(bool defer_manifest) {
   // flight together, so N files cost about one device cache flush, not N in a row.
   std::vector<int> files;
   for (auto& [key, t] : impl_->tensors) {
-    if (!t->written_since_commit || !impl_->durable()) continue;
+    if (!t->written_since_commit || !impl_->durable() || !chosen(key)) continue;
     for (int file : t->files) {
       if (file >= 0) files.push_back(file);
     }
@@ -676,13 +716,15 @@ Status SwapSpace::Commit(bool defer_manifest) {
     }
   }
   for (const Status& r : results) ZO_RETURN_IF_ERROR(r);
+  ++impl_->generation;
   for (auto& [key, t] : impl_->tensors) {
+    if (!chosen(key)) continue;
     if (t->state == TensorState::kWriting) {
       t->state = t->has_data ? TensorState::kClean : TensorState::kEmpty;
+      t->generation = impl_->generation;
     }
     t->written_since_commit = false;
   }
-  ++impl_->generation;
   if (defer_manifest && !impl_->durable()) {
     impl_->clean_pending = true;
     return Status::Ok();

@@ -13,9 +13,11 @@
 //    and per tensor its size, files, block checksums and state. It is replaced atomically
 //    (temp file, fsync, rename, fsync of the directory).
 // 4. Crash evidence. Before the first write to a clean tensor, the manifest marks it
-//    "writing"; Commit() marks every written tensor "clean" with its new checksums. Reopening
-//    a swap space with a tensor still "writing" fails with DATA_LOSS naming those tensors: a
-//    torn write is never used as consistent. A killed process loses nothing the kernel has
+//    "writing"; Commit() marks every written tensor "clean" with its new checksums and the
+//    generation of the commit. Reopening a swap space with a tensor still "writing" opens it
+//    with that tensor "interrupted" (a warning names it): its reads fail with DATA_LOSS and
+//    every block's checksum is void, until it is written again in full and committed. A torn
+//    write is never used as consistent; the other tensors stay usable. A killed process loses nothing the kernel has
 //    (page cache, device queue), so this needs no flush. Against power loss: with
 //    `durable`, Commit flushes the data (fdatasync) and every manifest update is fsynced, so a
 //    committed state survives; without it (the default) a block the device lost no longer
@@ -58,8 +60,8 @@ struct SwapSpaceOptions {
 
 class SwapSpace {
  public:
-  /// Opens the swap space in `options.paths`, or creates an empty one. Fails with DATA_LOSS
-  /// if a previous process was interrupted while writing (the tensors are named), with
+  /// Opens the swap space in `options.paths`, or creates an empty one (tensors a previous
+  /// process was writing come back interrupted, see 4.). Fails with
   /// NOT_FOUND / PERMISSION_DENIED for missing or read-only directories, and with
   /// INVALID_ARGUMENT if the directories or block size differ from those it was made with.
   static Result<std::unique_ptr<SwapSpace>> Open(SwapSpaceOptions options);
@@ -88,7 +90,24 @@ class SwapSpace {
 
   bool Contains(const std::string& key) const;
   Result<uint64_t> Size(const std::string& key) const;
+
+  struct TensorInfo {
+    enum class State : uint8_t {
+      kEmpty,        ///< allocated, never written
+      kClean,        ///< committed
+      kWriting,      ///< written since its last commit, by this process
+      kInterrupted,  ///< was being written when an earlier process stopped: not readable
+    };
+    uint64_t bytes = 0;
+    State state = State::kEmpty;
+    uint64_t generation = 0;  ///< the swap space's commit count when it was last committed
+  };
+  Result<TensorInfo> Info(const std::string& key) const;
   std::vector<std::string> Keys() const;
+
+  /// Marks a tensor's data void, as an interrupted one's (see 4.): not read until written
+  /// again in full and committed. For a writer whose write of it failed or was abandoned.
+  Status Invalidate(const std::string& key);
 
   /// Durably marks tensors as being written (one manifest update for all of them). Write()
   /// does this itself for a tensor not yet marked, at the cost of one manifest update each.
@@ -117,9 +136,11 @@ class SwapSpace {
   /// With `defer_manifest` (and not durable), the tensors are clean in memory at once but the
   /// manifest on disk keeps saying "writing" until the next manifest update or the swap
   /// space's close: a loop of write steps then costs no manifest write at all (the next
-  /// BeginWrite finds the disk already marked), and a process killed between two such steps
-  /// is reported as interrupted on reopen — conservative, never a silent mix.
-  Status Commit(bool defer_manifest = false);
+  /// BeginWrite finds the disk already marked), and a tensor whose process was killed
+  /// between two such steps comes back interrupted — conservative, never a silent mix.
+  /// `keys` limits the commit to those tensors (a part sharing the swap space commits its
+  /// own); empty: every tensor.
+  Status Commit(bool defer_manifest = false, const std::vector<std::string>& keys = {});
 
   /// Total bytes reserved on disk (all files).
   uint64_t reserved_bytes() const;

@@ -185,12 +185,28 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
     }
   }
   state->first_item_.push_back(state->items_.size());
-  state->key_ = StrCat("optimizer-", LayoutHash(on_nvme, precision, chunk));
+  const std::string stem = StrCat("optimizer-", LayoutHash(on_nvme, precision, chunk));
   const auto [last_offset, last_bytes] = state->ItemRange(state->items_.size() - 1);
-  // Block checksums are computed and verified by the Adam threads between requests, so the
-  // I/O threads only move data.
-  ZO_RETURN_IF_ERROR(state->swap_->Allocate(state->key_, last_offset + last_bytes,
-                                            SwapSpace::ChecksumBy::kCaller));
+  using State = SwapSpace::TensorInfo::State;
+  std::array<SwapSpace::TensorInfo, 2> info;
+  for (int c = 0; c < 2; ++c) {
+    state->keys_[c] = StrCat(stem, c == 0 ? ".a" : ".b");
+    // Block checksums are computed and verified by the Adam threads between requests, so the
+    // I/O threads only move data.
+    ZO_RETURN_IF_ERROR(state->swap_->Allocate(state->keys_[c], last_offset + last_bytes,
+                                              SwapSpace::ChecksumBy::kCaller));
+    ZO_ASSIGN_OR_RETURN(info[c], state->swap_->Info(state->keys_[c]));
+  }
+  // The newest committed copy is current.
+  const bool clean[2] = {info[0].state == State::kClean, info[1].state == State::kClean};
+  state->current_ = clean[0] && clean[1] ? (info[1].generation > info[0].generation ? 1 : 0)
+                                         : (clean[1] ? 1 : 0);
+  if (!clean[0] && !clean[1] &&
+      (info[0].state == State::kInterrupted || info[1].state == State::kInterrupted)) {
+    return DataLossError(StrCat("optimizer state '", stem,
+                                "' was interrupted while it was first being written, before any "
+                                "step was committed: Initialize it again"));
+  }
   for (int b = 0; b < state->options_.pipeline.buffers; ++b) {
     auto slot = std::make_unique<Slot>();
     ZO_ASSIGN_OR_RETURN(slot->images,
@@ -220,7 +236,8 @@ Status OptimizerState::Initialize(size_t i, const float* params) {
     return Status::Ok();
   }
   ZO_RETURN_IF_ERROR(broken_);
-  ZO_RETURN_IF_ERROR(swap_->BeginWrite({key_}));
+  const std::string& key = keys_[current_];
+  ZO_RETURN_IF_ERROR(swap_->BeginWrite({key}));
   Slot& slot = *slots_[0];
   for (size_t k = first_item_[i]; k < first_item_[i + 1]; ++k) {
     const auto offsets = PartOffsets(items_[k].n);
@@ -228,11 +245,11 @@ Status OptimizerState::Initialize(size_t i, const float* params) {
     std::memset(slot.images.data(), 0, bytes);  // zero moments (and padding)
     std::memcpy(slot.part(offsets, 0), params + items_[k].first, 4 * items_[k].n);
     const std::span<const std::byte> data(slot.images.data(), bytes);
-    ZO_RETURN_IF_ERROR(swap_->Checksum(key_, offset, data, options_.threads));
+    ZO_RETURN_IF_ERROR(swap_->Checksum(key, offset, data, options_.threads));
     ZO_RETURN_IF_ERROR(
-        swap_->Write(key_, offset, data).Wait().WithContext(StrCat("initializing '", t.name, "'")));
+        swap_->Write(key, offset, data).Wait().WithContext(StrCat("initializing '", t.name, "'")));
   }
-  return swap_->Commit();
+  return swap_->Commit(/*defer_manifest=*/false, {key});
 }
 
 Status OptimizerState::Read(size_t i, float* params, void* m, void* v) {
@@ -270,9 +287,10 @@ Status OptimizerState::Read(size_t i, float* params, void* m, void* v) {
     const auto offsets = PartOffsets(it.n);
     const auto [offset, bytes] = ItemRange(k);
     const std::span<std::byte> data(slot.images.data(), bytes);
-    ZO_RETURN_IF_ERROR(
-        swap_->Read(key_, offset, data).Wait().WithContext(StrCat("reading '", t.name, "'")));
-    ZO_RETURN_IF_ERROR(swap_->Verify(key_, offset, data, options_.threads)
+    ZO_RETURN_IF_ERROR(swap_->Read(keys_[current_], offset, data)
+                           .Wait()
+                           .WithContext(StrCat("reading '", t.name, "'")));
+    ZO_RETURN_IF_ERROR(swap_->Verify(keys_[current_], offset, data, options_.threads)
                            .WithContext(StrCat("reading '", t.name, "'")));
     std::memcpy(params + it.first, slot.part(offsets, 0), 4 * it.n);
     for (int j = 0; j < 2; ++j) moment_out(j, slot.part(offsets, j + 1), it.first, it.n);
@@ -390,6 +408,9 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
                               ParamSink* sink, const std::function<std::optional<float>()>& decide,
                               StepStats* stats) {
   Tracer* tracer = tracer_;
+  const std::string& from = keys_[current_];  // read: the current copy
+  const std::string& to = keys_[1 - current_];  // written, then current
+  bool host_updated = false;
   const size_t buffers = slots_.size();
   const PipelineOptions& po = options_.pipeline;
   const size_t lookahead = !po.overlap_read ? 0 : po.overlap_write ? buffers - 2 : buffers - 1;
@@ -435,7 +456,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     if (!status.ok()) return;
     slot_item[k % buffers] = k;
     const auto [offset, len] = ItemRange(k);
-    slot.read = swap_->Read(key_, offset, {slot.images.data(), len}, traced("read", k));
+    slot.read = swap_->Read(from, offset, {slot.images.data(), len}, traced("read", k));
     stats->bytes_read += len;
   };
   // The first reads go out before the norm pass and the manifest update: they need neither.
@@ -457,13 +478,16 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
       return Status::Ok();
     }
     grad_scale = *scale;
+    host_updated = std::any_of(params_.begin(), params_.end(),
+                               [](const HostMemory& p) { return !p.empty(); });
     if (Status s = UpdateInHost(grads, *hyper, grad_scale, sink, stats); !s.ok()) {
       drain_reads();
+      if (host_updated) broken_ = s.WithContext("an earlier optimizer step failed midway");
       return s.WithContext("optimizer step");
     }
   }
   const auto begin_start = Clock::now();
-  if (Status s = swap_->BeginWrite({key_}); !s.ok()) status = s;
+  if (Status s = swap_->BeginWrite({to}); !s.ok()) status = s;
   step_span("manifest: mark writing", begin_start);
   for (size_t k = 0; k < items_.size() && status.ok(); ++k) {
     while (next < items_.size() && next <= k + lookahead && status.ok()) start_reads(next++);
@@ -472,7 +496,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     const auto [offset, len] = ItemRange(k);
     const std::span<const std::byte> data(slot.images.data(), len);
     const auto verify_start = Clock::now();
-    if (status.ok()) note(swap_->Verify(key_, offset, data, options_.threads), k, "reading");
+    if (status.ok()) note(swap_->Verify(from, offset, data, options_.threads), k, "reading");
     if (!status.ok()) break;
     chunk_span("verify ", k, verify_start);
     const Item& it = items_[k];
@@ -485,10 +509,10 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
       if (!status.ok()) break;
     }
     const auto checksum_start = Clock::now();
-    note(swap_->Checksum(key_, offset, data, options_.threads), k, "writing");
+    note(swap_->Checksum(to, offset, data, options_.threads), k, "writing");
     if (!status.ok()) break;
     chunk_span("checksum ", k, checksum_start);
-    slot.write = swap_->Write(key_, offset, data, traced("write", k));
+    slot.write = swap_->Write(to, offset, data, traced("write", k));
     stats->bytes_written += len;
     if (!po.overlap_write) wait(slot.write, k, "writing");
   }
@@ -498,15 +522,20 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
   }
   if (status.ok()) {
     const auto commit_start = Clock::now();
-    status = swap_->Commit(/*defer_manifest=*/true);
+    status = swap_->Commit(/*defer_manifest=*/true, {to});
     step_span("manifest: commit", commit_start);
   }
   if (!status.ok()) {
-    broken_ = status.WithContext(
-        "an earlier optimizer step failed midway; the state on disk mixes two steps and is "
-        "reported as interrupted when reopened");
+    // The copy being written is void; the current one was only read.
+    swap_->Invalidate(to).IgnoreError();
+    if (host_updated) {
+      broken_ = status.WithContext(
+          "an earlier optimizer step failed midway, after updating the state kept in host "
+          "memory; the state on NVMe is as before that step");
+    }
     return status.WithContext("optimizer step");
   }
+  current_ = 1 - current_;
   return Status::Ok();
 }
 

@@ -10,22 +10,24 @@
 //    are being read: on inf/NaN the step is skipped and nothing is written; otherwise the clip
 //    coefficient and 1/loss_scale become one gradient scale.
 // 2. Every tensor is cut into chunks of chunk_elements(). The state of all tensors lives in
-//    one swap tensor, "optimizer-<layout>" (<layout>: a hash of the tensor names and sizes, the
-//    precision and the chunk size, so a different model never reads another's state): chunk
-//    after chunk, each chunk's params, m and v images side by side, each starting at a block
-//    boundary. A chunk is one request each way, and a step reads and writes the file front to
-//    back: two sequential streams, the pattern disks serve best.
+//    two swap tensors, "optimizer-<layout>.a" and ".b" (<layout>: a hash of the tensor names
+//    and sizes, the precision and the chunk size, so a different model never reads another's
+//    state), each chunk after chunk, each chunk's params, m and v images side by side, each
+//    starting at a block boundary. A step reads the current copy and writes the other: a chunk
+//    is one request each way, two sequential streams, the pattern disks serve best. The disk
+//    holds the state twice; in exchange the current copy is never written during a step.
 // 3. The chunks of all tensors stream through `buffers` slots of host memory: while chunk i is
 //    updated by CPU Adam, chunks i+1.. are read and chunk i-1 is written back. A slot is
 //    reused only after its write-back has completed. Host memory is the slots, never the state.
-// 4. Before the first write the step marks the state tensor "writing" in the swap manifest;
-//    after the last it commits, deferring the manifest update: the manifest on disk goes on
-//    saying "writing" until the swap space closes (or another manifest update), so back-to-back
-//    steps write no manifest at all. A step that fails (read error, checksum mismatch, write
-//    error) waits for its requests, never commits, and leaves this object refusing further
-//    steps. On reopen after a failed step, a killed process (mid-step or between steps), the
-//    swap space reports the state as interrupted (DATA_LOSS naming it): a mix of two steps is
-//    never used; a clean close leaves it clean.
+// 4. Before the first write the step marks the copy it writes "writing" in the swap manifest
+//    (one small manifest update per step, which also records the other copy clean); after the
+//    last it commits, deferring the manifest update, and that copy becomes current. A step
+//    that fails (read error, checksum mismatch, write error) waits for its requests, never
+//    commits, voids the copy it was writing and leaves the current one as it was: the state
+//    reads as before the step, and the step may be retried. (With tensors in host memory too,
+//    those were updated before the NVMe part failed: the object then refuses further steps.)
+//    On reopen, the newest committed copy is current: a process killed mid-step loses that
+//    step only; killed between steps, at most the last step (whose commit was deferred).
 // 5. Chunks are updated with AdamShard::index_offset set, so the result is bit-identical to
 //    one AdamUpdate over each whole tensor in memory. Tensors in host memory are updated in
 //    chunks of the same size, so a ParamSink sees every tensor chunk by chunk.
@@ -185,7 +187,8 @@ class OptimizerState {
   uint64_t chunk_ = 0;
   std::vector<Item> items_;         // every chunk of every tensor on NVMe, in order
   std::vector<size_t> first_item_;  // items_ index of each tensor's first chunk (+ end)
-  std::string key_;                 // the swap tensor
+  std::array<std::string, 2> keys_;  // the two swap tensors of the state (see 2.)
+  int current_ = 0;                   // which of them holds the state
   uint64_t block_ = 0;
   // The state of the tensors in host memory (empty buffers for those on NVMe).
   // The moments are laid out chunk after chunk, as in the swap tensor: chunk c's image
@@ -196,7 +199,7 @@ class OptimizerState {
   // The NVMe part.
   SwapSpace* swap_ = nullptr;  // the context's
   std::vector<std::unique_ptr<Slot>> slots_;
-  Status broken_;  // set when a step failed midway
+  Status broken_;  // set when a step failed after updating state in host memory
   StepStats last_;
 };
 

@@ -685,9 +685,13 @@ Status TensorStore::Flush() {
       ZO_RETURN_IF_ERROR(s.WriteBack(lock, *e));
     }
   }
+  std::vector<std::string> nvme;  // this store's tensors only: the swap space may be shared
+  for (const auto& [key, e] : s.entries) {
+    if (e->home == Tier::kNvme) nvme.push_back(key);
+  }
   SwapSpace* swap = s.swap;
   lock.unlock();
-  return swap->Commit();
+  return swap->Commit(/*defer_manifest=*/false, nvme);
 }
 
 TensorStore::Stats TensorStore::stats() const {
