@@ -126,6 +126,8 @@ class OffloadEngine {
   Status GradientReady(std::string_view name, const void* grad, uint64_t elements, DType dtype,
                        void* stream = nullptr);
   /// The optimizer step; every parameter must have had gradient_accumulation_steps gradients.
+  /// On an error the gradients are kept and the state is as before (see docs/engine.md for
+  /// the one exception), so Step may be called again.
   Result<EngineStepStats> Step();
   /// Work enqueued on `stream` (a cudaStream_t) after this call sees the updated parameters.
   /// The host does not wait. A no-op in host mode.
