@@ -9,13 +9,14 @@
 // 1. Create registers every parameter (name, memory, elements, dtype, group); the masters
 //    start as the parameter's values (or the fp32 values given).
 // 2. GradientReady(name, grad, ...) is called as each gradient is produced (PyTorch's
-//    post-accumulate-grad hook). The engine copies it, on the caller's stream, into a GPU
-//    bucket of zero_optimization.reduce_bucket_size elements, so the caller may free the
-//    gradient as soon as the call returns. A full bucket — and the last one of each backward —
-//    goes to pinned host memory on the copy engine's D2H stream while backward runs on.
-//    With gradient_accumulation_steps > 1 the engine's worker thread adds each landed bucket
-//    into fp32 host accumulators (gradients are summed over the micro-batches; divide the
-//    loss by the number of micro-batches for their mean).
+//    post-accumulate-grad hook). The engine copies it, on the caller's stream, into a GPU ring
+//    of two buckets of zero_optimization.reduce_bucket_size elements, so the caller may free
+//    the gradient as soon as the call returns, and at once sends it on to pinned host memory on
+//    the copy engine's D2H stream while backward runs on (the ring's space is reused once its
+//    copy is done; the caller's stream waits for that on the GPU, never the host). With
+//    gradient_accumulation_steps > 1 the engine's worker thread adds each landed gradient into
+//    fp32 host accumulators (gradients are summed over the micro-batches; divide the loss by
+//    the number of micro-batches for their mean).
 // 3. Step() at the accumulation boundary: it waits for the gradients still in flight, then
 //    (a) the global gradient norm (float64) with the inf/NaN check, (b) the fp16 loss scale's
 //    overflow skip (nothing is written; the scale follows fp16.* of the config), (c) clipping
@@ -34,9 +35,9 @@
 // tensor after GradientNorm and the clip decision), whatever the placement, ratio, thread
 // count or bucket size.
 //
-// Thread-safety: GradientReady may be called from any thread, but not concurrently for the
-// same parameter; Step, WaitParameters, SetGroup and ReadState from one thread, not during
-// GradientReady calls.
+// Thread-safety: one thread at a time (PyTorch runs a device's backward hooks on one thread):
+// GradientReady calls must not overlap each other or Step, WaitParameters, SetGroup and
+// ReadState.
 #pragma once
 
 #include <cstdint>
@@ -150,7 +151,7 @@ class OffloadEngine {
   const EngineStepStats& last_step() const;
   /// Host bytes the engine holds: state, gradient buffers, staging.
   uint64_t host_bytes() const;
-  /// Device bytes the engine holds beyond the model's parameters: buckets.
+  /// Device bytes the engine holds beyond the model's parameters: the gradient ring.
   uint64_t gpu_bytes() const;
 
  private:

@@ -9,8 +9,9 @@
 //
 // 1. Everything is made on first use: a context for host-only work never opens a swap space
 //    or touches CUDA.
-// 2. The host budget counts every byte of host memory the parts hold for tensors and state
-//    (pinned or not); the GPU budget every byte of device memory. A part reserves before it
+// 2. The host budget counts every byte of host memory the parts hold for tensors, state and
+//    their buffers (pinned or not; the copy engine's fixed 48 MiB of staging aside); the GPU
+//    budget every byte of device memory. A part reserves before it
 //    allocates and gives back when it frees; going over is RESOURCE_EXHAUSTED naming the
 //    budget, what was asked for, by whom, and what is in use.
 // 3. The context must outlive every part that borrows it.

@@ -12,28 +12,30 @@
 namespace zoffload::internal {
 namespace {
 
-constexpr uint64_t kPieceAlign = 256;  // each piece starts 256-byte aligned in its bucket
+constexpr uint64_t kPieceAlign = 256;  // each piece starts 256-byte aligned in the ring
 
-cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+// A null stream is the legacy default stream, which the copy engine's non-blocking streams
+// are not ordered with unless told.
+cudaStream_t AsStream(void* stream) {
+  return stream != nullptr ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
+}
 
-// What a flush's host function gets: the callback and the flushed pieces.
+// What a piece's host function gets: the callback and the piece.
 struct LandedCall {
   DevicePath::Landed* landed;
-  std::vector<DevicePath::Piece> pieces;
+  DevicePath::Piece piece;
 };
 
 void CUDART_CB RunLanded(void* data) {
   std::unique_ptr<LandedCall> call(static_cast<LandedCall*>(data));
-  (*call->landed)(std::move(call->pieces));
+  (*call->landed)(call->piece);
 }
 
 }  // namespace
 
-struct DevicePath::Bucket {
-  DeviceMemory memory;
-  uint64_t used = 0;
-  std::vector<Piece> pieces;
-  CopyToken landed;  // the bucket's last D2H
+struct DevicePath::Region {
+  uint64_t offset = 0, bytes = 0;  // in the ring
+  CopyToken read;                  // the D2H reading it
 };
 
 struct DevicePath::Slot {
@@ -47,18 +49,13 @@ Result<std::unique_ptr<DevicePath>> DevicePath::Create(RuntimeContext::Impl& rt,
   std::unique_ptr<DevicePath> path(new DevicePath());
   path->rt_ = &rt;
   path->device_ = rt.options().device;
-  path->bucket_bytes_ = RoundUp(bucket_bytes, kPieceAlign);
   path->landed_ = std::move(landed);
   ZO_CUDA_RETURN_IF_ERROR(cudaSetDevice(path->device_));
   ZO_RETURN_IF_ERROR(rt.Copies().status());
-  for (int b = 0; b < 2; ++b) {
-    auto bucket = std::make_unique<Bucket>();
-    ZO_ASSIGN_OR_RETURN(
-        bucket->memory,
-        rt.AllocateDevice(path->bucket_bytes_,
-                          "a gradient bucket (zero_optimization.reduce_bucket_size)"));
-    path->buckets_.push_back(std::move(bucket));
-  }
+  ZO_ASSIGN_OR_RETURN(
+      path->ring_,
+      rt.AllocateDevice(2 * RoundUp(bucket_bytes, kPieceAlign),
+                        "the gradient ring (two buckets of zero_optimization.reduce_bucket_size)"));
   for (int s = 0; s < slots; ++s) {
     auto slot = std::make_unique<Slot>();
     ZO_ASSIGN_OR_RETURN(slot->memory, rt.AllocateHost(slot_bytes, "an upload staging slot", true));
@@ -82,27 +79,41 @@ DevicePath::~DevicePath() {
 Result<int> DevicePath::DeviceOf(const void* ptr) {
   cudaPointerAttributes attributes{};
   ZO_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attributes, ptr));
-  const bool device =
-      attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  const bool device = attributes.type == cudaMemoryTypeDevice ||
+                      attributes.type == cudaMemoryTypeManaged;
   return device ? attributes.device : -1;
 }
 
 Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32_t tag,
                        void* stream) {
+  const cudaStream_t caller = AsStream(stream);
+  ZO_ASSIGN_OR_RETURN(CopyEngine * copies, rt_->Copies());
   const auto* src = static_cast<const std::byte*>(grad);
+  const uint64_t ring_bytes = ring_.size();
   while (bytes > 0) {
-    Bucket& b = *buckets_[current_];
-    if (b.used >= bucket_bytes_) {
-      ZO_RETURN_IF_ERROR(Flush(stream));
-      continue;
+    const uint64_t piece = std::min(bytes, ring_bytes / 2);
+    if (head_ + piece > ring_bytes) head_ = 0;
+    // Pieces in flight lie ahead of the head in ring order, oldest first.
+    while (!in_flight_.empty()) {
+      const Region& r = in_flight_.front();
+      if (r.offset >= head_ + piece || r.offset + r.bytes <= head_) break;
+      ZO_RETURN_IF_ERROR(r.read.OrderBefore(caller));
+      in_flight_.pop_front();
     }
-    // The bucket's last D2H must have read it before the caller's stream writes it again.
-    if (b.used == 0) ZO_RETURN_IF_ERROR(b.landed.OrderBefore(AsStream(stream)));
-    const uint64_t piece = std::min(bytes, bucket_bytes_ - b.used);
-    ZO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(b.memory.as<std::byte>() + b.used, src, piece,
-                                            cudaMemcpyDeviceToDevice, AsStream(stream)));
-    b.pieces.push_back({host, piece, b.used, tag});
-    b.used = std::min(bucket_bytes_, RoundUp(b.used + piece, kPieceAlign));
+    std::byte* slot = ring_.as<std::byte>() + head_;
+    ZO_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(slot, src, piece, cudaMemcpyDeviceToDevice, caller));
+    ZO_ASSIGN_OR_RETURN(CopyToken read, copies->DeviceToHost(host, slot, piece, caller));
+    in_flight_.push_back({head_, piece, read});
+    if (landed_) {
+      auto call = std::make_unique<LandedCall>(LandedCall{&landed_, {host, piece, tag}});
+      ZO_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(
+          copies->stream(CopyEngine::Direction::kDeviceToHost), RunLanded, call.get()));
+      call.release();  // RunLanded owns it now
+    }
+    ++pieces_;
+    bytes_to_host_ += piece;
+    head_ = std::min(ring_bytes, RoundUp(head_ + piece, kPieceAlign));
     src += piece;
     host += piece;
     bytes -= piece;
@@ -110,34 +121,9 @@ Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32
   return Status::Ok();
 }
 
-Status DevicePath::Flush(void* stream) {
-  Bucket& b = *buckets_[current_];
-  if (b.pieces.empty()) return Status::Ok();
-  ZO_ASSIGN_OR_RETURN(CopyEngine * copies, rt_->Copies());
-  for (size_t i = 0; i < b.pieces.size(); ++i) {
-    const Piece& p = b.pieces[i];
-    // The first copy waits for the caller's stream; the others follow it on the D2H stream.
-    ZO_ASSIGN_OR_RETURN(b.landed,
-                        copies->DeviceToHost(p.host, b.memory.as<std::byte>() + p.offset, p.bytes,
-                                             i == 0 ? AsStream(stream) : nullptr));
-    bytes_to_host_ += p.bytes;
-  }
-  if (landed_) {
-    auto call = std::make_unique<LandedCall>(LandedCall{&landed_, std::move(b.pieces)});
-    ZO_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(copies->stream(CopyEngine::Direction::kDeviceToHost),
-                                               RunLanded, call.get()));
-    call.release();  // RunLanded owns it now
-  }
-  b.pieces.clear();
-  b.used = 0;
-  current_ = 1 - current_;
-  ++flushes_;
-  return Status::Ok();
-}
-
 Status DevicePath::WaitLanded() {
-  for (auto& b : buckets_) ZO_RETURN_IF_ERROR(b->landed.Wait());
-  return Status::Ok();
+  if (in_flight_.empty()) return Status::Ok();
+  return in_flight_.back().read.Wait();  // the D2H stream runs in order
 }
 
 Result<std::byte*> DevicePath::AcquireSlot() {
@@ -167,11 +153,7 @@ Status DevicePath::CopyToHost(void* host, const void* device, uint64_t bytes) {
   return copies->DeviceToHostStaged(host, device, bytes);
 }
 
-uint64_t DevicePath::gpu_bytes() const {
-  uint64_t total = 0;
-  for (const auto& b : buckets_) total += b->memory.size();
-  return total;
-}
+uint64_t DevicePath::gpu_bytes() const { return ring_.size(); }
 
 uint64_t DevicePath::host_bytes() const {
   uint64_t total = 0;

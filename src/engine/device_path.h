@@ -1,17 +1,18 @@
 // DevicePath: the OffloadEngine's CUDA side (compiled only with CUDA) — gradient buckets
 // going down, parameter chunks going up.
 //
-// Down (during backward):
-// 1. Add copies a gradient (device memory) into the current bucket with a device-to-device
+// Down (during backward), through a ring of device memory two buckets long:
+// 1. Add copies a gradient (device memory) into the ring at its head with a device-to-device
 //    copy enqueued on the caller's stream, so it runs after the kernel that produced the
 //    gradient and before anything the caller later enqueues there (the caller may free or
 //    reuse the gradient at once).
-// 2. A full bucket is flushed: its pieces go to their pinned host destinations on the copy
-//    engine's D2H stream, after an event on the caller's stream; the caller's stream moves to
-//    the other bucket. Before a bucket is written again, the caller's stream waits (on the
-//    GPU, never the host) for that bucket's last D2H.
-// 3. When a Landed callback is set, each flush ends with a host function on the D2H stream
-//    that hands the flushed pieces to it (a CUDA thread; it must neither block nor call CUDA).
+// 2. At once the piece goes on to its pinned host destination on the copy engine's D2H
+//    stream, after an event on the caller's stream: the D2H stream works through the
+//    gradients while backward runs, and after the last one only its own copy is left.
+// 3. Before the ring's head writes over a piece still being copied down, the caller's stream
+//    waits for that copy (on the GPU; the host never waits). Pieces are at most half the ring.
+// 4. When a Landed callback is set, each piece's D2H is followed by a host function on the
+//    D2H stream handing the piece to it (a CUDA thread; it must neither block nor call CUDA).
 // Up (during Step): a ring of pinned staging slots; AcquireSlot waits (host) for the slot's
 // previous upload; Upload sends it on the H2D stream; WaitParameters orders a caller's stream
 // after the last upload.
@@ -20,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -32,16 +34,16 @@ namespace zoffload::internal {
 
 class DevicePath {
  public:
-  /// A piece of a gradient in a bucket and where it lands on the host.
+  /// A piece of a gradient and where it lands on the host.
   struct Piece {
     std::byte* host = nullptr;
     uint64_t bytes = 0;
-    uint64_t offset = 0;  ///< in the bucket
-    uint32_t tag = 0;     ///< the caller's (a parameter index)
+    uint32_t tag = 0;  ///< the caller's (a parameter index)
   };
-  using Landed = std::function<void(std::vector<Piece>)>;
+  using Landed = std::function<void(Piece)>;
 
-  /// Two buckets of `bucket_bytes` (device), `slots` staging slots of `slot_bytes` (pinned).
+  /// A ring of two buckets of `bucket_bytes` (device), `slots` staging slots of `slot_bytes`
+  /// (pinned).
   static Result<std::unique_ptr<DevicePath>> Create(RuntimeContext::Impl& rt, uint64_t bucket_bytes,
                                                     int slots, uint64_t slot_bytes, Landed landed);
   ~DevicePath();
@@ -50,11 +52,10 @@ class DevicePath {
   static Result<int> DeviceOf(const void* ptr);
   int device() const { return device_; }
 
-  /// Sends `bytes` of device memory at `grad` (produced on `stream`) to pinned `host`.
+  /// Sends `bytes` of device memory at `grad` (produced on `stream`, a cudaStream_t; null:
+  /// the legacy default stream) to pinned `host`.
   Status Add(const void* grad, uint64_t bytes, std::byte* host, uint32_t tag, void* stream);
-  /// Sends the current bucket now (no-op when empty).
-  Status Flush(void* stream);
-  /// Blocks until every flushed piece is in host memory.
+  /// Blocks until every piece is in host memory.
   Status WaitLanded();
 
   /// The next staging slot (slot_bytes of pinned memory), once its last upload is done.
@@ -65,8 +66,8 @@ class DevicePath {
   /// device -> host, synchronously (pageable memory is fine).
   Status CopyToHost(void* host, const void* device, uint64_t bytes);
 
-  /// Non-empty flushes so far (each runs the Landed callback once).
-  uint64_t flushes() const { return flushes_; }
+  /// Pieces sent so far (each runs the Landed callback once, when set).
+  uint64_t pieces() const { return pieces_; }
   uint64_t bytes_to_host() const { return bytes_to_host_; }
   uint64_t bytes_to_gpu() const { return bytes_to_gpu_; }
   double upload_wait_seconds() const { return upload_wait_seconds_; }
@@ -74,19 +75,19 @@ class DevicePath {
   uint64_t host_bytes() const;
 
  private:
-  struct Bucket;
+  struct Region;
   struct Slot;
   DevicePath() = default;
 
   RuntimeContext::Impl* rt_ = nullptr;
   int device_ = 0;
-  uint64_t bucket_bytes_ = 0;
-  std::vector<std::unique_ptr<Bucket>> buckets_;
-  size_t current_ = 0;
+  DeviceMemory ring_;
+  uint64_t head_ = 0;                 // where the next piece goes in the ring
+  std::deque<Region> in_flight_;      // pieces being copied down, oldest first
   std::vector<std::unique_ptr<Slot>> slots_;
   size_t next_slot_ = 0;
   Landed landed_;
-  uint64_t flushes_ = 0, bytes_to_host_ = 0, bytes_to_gpu_ = 0;
+  uint64_t pieces_ = 0, bytes_to_host_ = 0, bytes_to_gpu_ = 0;
   double upload_wait_seconds_ = 0;
 };
 

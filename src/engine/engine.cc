@@ -109,11 +109,11 @@ struct OffloadEngine::Impl : public ParamSink {
   std::byte* slot = nullptr;  // the staging slot of the chunk being updated (GPU)
 #if ZO_HAVE_CUDA
   std::unique_ptr<internal::DevicePath> device;
-  // Accumulation > 1 on the GPU: each flushed bucket's pieces come from the D2H stream's host
-  // function through a lock-free queue to the worker, which adds them into the fp32 sums.
-  boost::lockfree::queue<std::vector<internal::DevicePath::Piece>*> landed{64};
+  // Accumulation > 1 on the GPU: each landed gradient piece comes from the D2H stream's host
+  // function through a lock-free queue to the worker, which adds it into the fp32 sums.
+  boost::lockfree::queue<internal::DevicePath::Piece> landed{64};
   std::counting_semaphore<> landed_count{0};
-  std::atomic<uint64_t> accumulated{0};  // flushes the worker has added in
+  std::atomic<uint64_t> accumulated{0};  // pieces the worker has added in
   std::atomic<bool> stopping{false};
   std::thread worker;
   uint64_t last_to_host = 0;  // bytes_to_host at the last Step
@@ -127,8 +127,6 @@ struct OffloadEngine::Impl : public ParamSink {
       landed_count.release();
       worker.join();
     }
-    std::vector<internal::DevicePath::Piece>* job;
-    while (landed.pop(job)) delete job;
 #endif
   }
 
@@ -148,27 +146,24 @@ struct OffloadEngine::Impl : public ParamSink {
   void Work() {
     while (true) {
       landed_count.acquire();
-      std::vector<internal::DevicePath::Piece>* job = nullptr;
-      if (!landed.pop(job)) {
+      internal::DevicePath::Piece piece;
+      if (!landed.pop(piece)) {
         if (stopping) return;
         continue;
       }
-      for (const internal::DevicePath::Piece& piece : *job) {
-        Param& p = params[piece.tag >> 1];
-        const size_t element = DTypeBytes(p.dtype);
-        const uint64_t first = static_cast<uint64_t>(piece.host - p.landing.data()) / element;
-        Accumulate(p.grads.as<float>() + first, piece.host, p.dtype, piece.bytes / element,
-                   (piece.tag & 1) != 0);
-      }
-      delete job;
+      Param& p = params[piece.tag >> 1];
+      const size_t element = DTypeBytes(p.dtype);
+      const uint64_t first = static_cast<uint64_t>(piece.host - p.landing.data()) / element;
+      Accumulate(p.grads.as<float>() + first, piece.host, p.dtype, piece.bytes / element,
+                 (piece.tag & 1) != 0);
       accumulated.fetch_add(1);
       accumulated.notify_all();
     }
   }
 
-  // Blocks until the worker has added in every bucket flushed so far.
+  // Blocks until the worker has added in every piece sent so far.
   void AwaitAccumulated() {
-    const uint64_t target = device->flushes();
+    const uint64_t target = device->pieces();
     for (uint64_t done = accumulated.load(); done < target; done = accumulated.load()) {
       accumulated.wait(done);
     }
@@ -339,8 +334,8 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
         e.total * widest);
     internal::DevicePath::Landed landed;
     if (e.accumulation > 1) {
-      landed = [&e](std::vector<internal::DevicePath::Piece> pieces) {
-        e.landed.push(new std::vector<internal::DevicePath::Piece>(std::move(pieces)));
+      landed = [&e](internal::DevicePath::Piece piece) {
+        e.landed.push(piece);
         e.landed_count.release();
       };
       e.worker = std::thread([&e] { e.Work(); });
@@ -396,11 +391,6 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
   }
   ++p->received;
   ++e.grads_in_window;
-#if ZO_HAVE_CUDA
-  // The last gradient of a backward: its bucket goes now.
-  if (e.gpu && e.grads_in_window % e.params.size() == 0)
-    ZO_RETURN_IF_ERROR(e.device->Flush(stream));
-#endif
   return Status::Ok();
 }
 

@@ -198,12 +198,12 @@ Result<std::unique_ptr<RuntimeContext>> RuntimeContext::Create(RuntimeOptions op
   auto impl = std::make_unique<Impl>(std::move(options));
 #if ZO_HAVE_CUDA
   if (UsableGpuCount().ok()) {
-    // One pool under the one host budget (no second cap): the context's host budget is
-    // enforced by AllocateHost; the pool's own limit is set no lower.
+    // One pool, and no second cap: the host budget is enforced by AllocateHost, for every
+    // tensor and buffer the parts hold. (The copy engine's own staging, 48 MiB, comes from
+    // the pool outside it.)
     PinnedPoolOptions po;
     po.device = impl->options_.device;
-    po.budget_bytes = impl->options_.host_budget_bytes != 0 ? impl->options_.host_budget_bytes
-                                                            : std::numeric_limits<uint64_t>::max();
+    po.budget_bytes = std::numeric_limits<uint64_t>::max();
     ZO_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::Create(po));
     impl->pinned_ = std::make_unique<PinnedPool>(std::move(pool));
   }

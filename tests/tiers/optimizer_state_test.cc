@@ -334,7 +334,9 @@ TEST(OptimizerStateFaults, ReadErrorAndChecksumMismatchLeaveTheStateAsBefore) {
           std::vector<std::byte> m(4 * kSizes[i]), v(m.size());
           const Status read = (*state)->Read(i, p.data(), m.data(), v.data());
           EXPECT_EQ(read.ok(), i != 4) << i << ": " << read;
-          if (i != 4) EXPECT_EQ(p, ref.params[i]);
+          if (i != 4) {
+            EXPECT_EQ(p, ref.params[i]);
+          }
         }
         EXPECT_FALSE((*state)->Step(tg, hyper).ok());
         continue;

@@ -1,7 +1,8 @@
 // zoffload-bench engine: whole OffloadEngine steps — gradients produced on the GPU by a kernel
 // spread over a set time (standing in for backward) and handed over as they appear, then
 // Step — against bounds measured in the same run: gradient production alone, CPU Adam alone
-// (norm + update, same layout) and one chunk's upload at the measured pinned H2D rate. Host
+// on the same data (every tensor, the same layout and chunks) and one chunk's upload at the
+// measured pinned H2D rate. Host
 // RSS and GPU memory are reported next to what the state needs. Without a GPU the engine runs
 // in host mode (gradients written by a host loop).
 #pragma once
@@ -41,7 +42,8 @@ struct EngineRecord {
   double grad_alone_seconds = 0;  ///< gradient production alone (no engine)
   double d2h_overhead = 0;        ///< grads_seconds / grad_alone_seconds - 1 (target <= 0.05)
   double update_seconds = 0;      ///< median: Step's update (norm, CPU Adam, uploads)
-  double adam_alone_seconds = 0;  ///< CPU Adam (norm + update) alone, scaled to all params
+  /// CPU Adam alone on the same sizes and layout (norm + chunked update with its bf16 copy)
+  double adam_alone_seconds = 0;
   double adam_alone_gparams = 0;
   double h2d_gbps = 0;  ///< pinned host -> device, measured here
   double chunk_upload_seconds = 0;
