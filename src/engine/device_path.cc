@@ -93,12 +93,15 @@ Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32
   while (bytes > 0) {
     const uint64_t piece = std::min(bytes, ring_bytes / 2);
     if (head_ + piece > ring_bytes) head_ = 0;
-    // Pieces in flight lie ahead of the head in ring order, oldest first.
-    while (!in_flight_.empty()) {
-      const Region& r = in_flight_.front();
-      if (r.offset >= head_ + piece || r.offset + r.bytes <= head_) break;
-      ZO_RETURN_IF_ERROR(r.read.OrderBefore(caller));
-      in_flight_.pop_front();
+    // Every piece still being copied down from where this one goes (a wrap can leave older
+    // pieces behind newer ones, so all are checked).
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      if (it->offset < head_ + piece && it->offset + it->bytes > head_) {
+        ZO_RETURN_IF_ERROR(it->read.OrderBefore(caller));
+        it = in_flight_.erase(it);
+      } else {
+        ++it;
+      }
     }
     std::byte* slot = ring_.as<std::byte>() + head_;
     ZO_CUDA_RETURN_IF_ERROR(
@@ -123,7 +126,7 @@ Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32
 
 Status DevicePath::WaitLanded() {
   if (in_flight_.empty()) return Status::Ok();
-  return in_flight_.back().read.Wait();  // the D2H stream runs in order
+  return in_flight_.back().read.Wait();  // the newest piece; the D2H stream runs in order
 }
 
 Result<std::byte*> DevicePath::AcquireSlot() {
