@@ -14,6 +14,8 @@ timeout 400 "$cs" --tool memcheck --report-api-errors no --error-exitcode 9 \
   build-gpu/tests/engine_test --gtest_filter='*EngineGpu*' --gtest_brief=1 \
   > "$out/engine_memcheck.txt" 2>&1
 echo "memcheck exit $?"; tail -4 "$out/engine_memcheck.txt"
+echo "== the engine's GPU tests, 5 times over (timing-dependent faults)"
+build-gpu/tests/engine_test --gtest_filter='*EngineGpu*' --gtest_repeat=5 --gtest_brief=1 2>&1 | tail -3
 echo "== engine, 1G params"
 $bench engine --params 1G --tensors 72 --grad-ms 100 --threads 16 \
   --json "$out/engine_1g.json" --trace "$out/engine_1g_trace.json" 2>&1 | tail -9
