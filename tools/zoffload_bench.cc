@@ -596,6 +596,10 @@ int EngineMain(const std::vector<std::string>& args, bool short_defaults) {
   std::printf("host RSS              %s   (state + gradients %s: %.3fx; engine's count %s)\n",
               HumanBytes(r->host_rss_bytes).c_str(), HumanBytes(r->state_bytes).c_str(),
               r->host_ratio, HumanBytes(r->engine_host_bytes).c_str());
+  if (r->state_on == "nvme") {
+    std::printf(
+        "(state on NVMe: the bound leaves the disk out; zoffload-bench step measures it)\n");
+  }
   if (r->mode == "gpu") {
     std::printf("GPU memory            %s   (two buckets: %s)\n", HumanBytes(r->gpu_bytes).c_str(),
                 HumanBytes(r->bucket_bytes).c_str());

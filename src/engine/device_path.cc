@@ -79,8 +79,8 @@ DevicePath::~DevicePath() {
 Result<int> DevicePath::DeviceOf(const void* ptr) {
   cudaPointerAttributes attributes{};
   ZO_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attributes, ptr));
-  const bool device = attributes.type == cudaMemoryTypeDevice ||
-                      attributes.type == cudaMemoryTypeManaged;
+  const bool device =
+      attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
   return device ? attributes.device : -1;
 }
 
@@ -104,8 +104,7 @@ Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32
       }
     }
     std::byte* slot = ring_.as<std::byte>() + head_;
-    ZO_CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(slot, src, piece, cudaMemcpyDeviceToDevice, caller));
+    ZO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot, src, piece, cudaMemcpyDeviceToDevice, caller));
     ZO_ASSIGN_OR_RETURN(CopyToken read, copies->DeviceToHost(host, slot, piece, caller));
     in_flight_.push_back({head_, piece, read});
     if (landed_) {

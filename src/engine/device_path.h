@@ -82,8 +82,8 @@ class DevicePath {
   RuntimeContext::Impl* rt_ = nullptr;
   int device_ = 0;
   DeviceMemory ring_;
-  uint64_t head_ = 0;                 // where the next piece goes in the ring
-  std::deque<Region> in_flight_;      // pieces being copied down, newest last
+  uint64_t head_ = 0;             // where the next piece goes in the ring
+  std::deque<Region> in_flight_;  // pieces being copied down, newest last
   std::vector<std::unique_ptr<Slot>> slots_;
   size_t next_slot_ = 0;
   Landed landed_;

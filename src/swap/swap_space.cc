@@ -151,7 +151,7 @@ struct TensorEntry {
   std::vector<uint32_t> crc;  // one per block
   bool caller_checksums = false;
   TensorState state = TensorState::kEmpty;
-  bool has_data = false;  // written at least once (clean on disk, or written since)
+  bool has_data = false;    // written at least once (clean on disk, or written since)
   uint64_t generation = 0;  // the swap space's generation when it was last committed
   bool written_since_commit = false;
   std::atomic<bool> write_failed{false};
@@ -408,8 +408,8 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
     std::string names;
     for (const std::string& k : torn) names += StrCat(names.empty() ? "" : ", ", "'", k, "'");
     Log(LogLevel::kWarning,
-        StrCat("swap space at ", impl->options.paths[0], " was interrupted while writing: ",
-               names, " may be torn and will not be read until written again in full"));
+        StrCat("swap space at ", impl->options.paths[0], " was interrupted while writing: ", names,
+               " may be torn and will not be read until written again in full"));
   }
   for (auto& [key, t] : impl->tensors) {
     // An interrupted tensor's checksums no longer vouch for any block: a block not rewritten

@@ -17,9 +17,9 @@
 //    generation of the commit. Reopening a swap space with a tensor still "writing" opens it
 //    with that tensor "interrupted" (a warning names it): its reads fail with DATA_LOSS and
 //    every block's checksum is void, until it is written again in full and committed. A torn
-//    write is never used as consistent; the other tensors stay usable. A killed process loses nothing the kernel has
-//    (page cache, device queue), so this needs no flush. Against power loss: with
-//    `durable`, Commit flushes the data (fdatasync) and every manifest update is fsynced, so a
+//    write is never used as consistent; the other tensors stay usable. A killed process loses
+//    nothing the kernel has (page cache, device queue), so this needs no flush. Against power loss:
+//    with `durable`, Commit flushes the data (fdatasync) and every manifest update is fsynced, so a
 //    committed state survives; without it (the default) a block the device lost no longer
 //    matches its checksum and its read fails with DATA_LOSS — detected, never used. With
 //    checksums off there is nothing to detect it with, so every commit is durable.

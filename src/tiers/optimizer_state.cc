@@ -199,8 +199,8 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
   }
   // The newest committed copy is current.
   const bool clean[2] = {info[0].state == State::kClean, info[1].state == State::kClean};
-  state->current_ = clean[0] && clean[1] ? (info[1].generation > info[0].generation ? 1 : 0)
-                                         : (clean[1] ? 1 : 0);
+  state->current_ =
+      clean[0] && clean[1] ? (info[1].generation > info[0].generation ? 1 : 0) : (clean[1] ? 1 : 0);
   if (!clean[0] && !clean[1] &&
       (info[0].state == State::kInterrupted || info[1].state == State::kInterrupted)) {
     return DataLossError(StrCat("optimizer state '", stem,
@@ -408,7 +408,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
                               ParamSink* sink, const std::function<std::optional<float>()>& decide,
                               StepStats* stats) {
   Tracer* tracer = tracer_;
-  const std::string& from = keys_[current_];  // read: the current copy
+  const std::string& from = keys_[current_];    // read: the current copy
   const std::string& to = keys_[1 - current_];  // written, then current
   bool host_updated = false;
   const size_t buffers = slots_.size();
@@ -478,8 +478,8 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
       return Status::Ok();
     }
     grad_scale = *scale;
-    host_updated = std::any_of(params_.begin(), params_.end(),
-                               [](const HostMemory& p) { return !p.empty(); });
+    host_updated =
+        std::any_of(params_.begin(), params_.end(), [](const HostMemory& p) { return !p.empty(); });
     if (Status s = UpdateInHost(grads, *hyper, grad_scale, sink, stats); !s.ok()) {
       drain_reads();
       if (host_updated) broken_ = s.WithContext("an earlier optimizer step failed midway");

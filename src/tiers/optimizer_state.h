@@ -185,10 +185,10 @@ class OptimizerState {
   std::vector<OptimizerTensor> tensors_;
   OptimizerStateOptions options_;
   uint64_t chunk_ = 0;
-  std::vector<Item> items_;         // every chunk of every tensor on NVMe, in order
-  std::vector<size_t> first_item_;  // items_ index of each tensor's first chunk (+ end)
+  std::vector<Item> items_;          // every chunk of every tensor on NVMe, in order
+  std::vector<size_t> first_item_;   // items_ index of each tensor's first chunk (+ end)
   std::array<std::string, 2> keys_;  // the two swap tensors of the state (see 2.)
-  int current_ = 0;                   // which of them holds the state
+  int current_ = 0;                  // which of them holds the state
   uint64_t block_ = 0;
   // The state of the tensors in host memory (empty buffers for those on NVMe).
   // The moments are laid out chunk after chunk, as in the swap tensor: chunk c's image

@@ -179,8 +179,9 @@ struct TensorStore::Impl {
 
   // Host copy -> NVMe (mu held by `lock`, released meanwhile).
   Status WriteBack(std::unique_lock<std::mutex>& lock, StoreEntry& e) {
-    ZO_RETURN_IF_ERROR(Unlocked(
-        lock, e, [this, &e] { return swap->Write(e.key, 0, {e.host.data(), e.bytes}).Wait(); }));
+    ZO_RETURN_IF_ERROR(Unlocked(lock, e, [this, &e] {
+      return swap->Write(e.key, 0, {e.host.data(), e.bytes}).Wait();
+    }));
     stats.bytes_written += e.bytes;
     e.dirty = false;
     e.on_disk = true;
@@ -259,9 +260,8 @@ struct TensorStore::Impl {
         std::lock_guard move_lock(e.move_mu);
         return !e.Loading();
       });
-      if (victim == nullptr && Victim([&evictable](StoreEntry& e) {
-            return evictable(e) && e.busy > 0;
-          }) != nullptr) {
+      if (victim == nullptr &&
+          Victim([&evictable](StoreEntry& e) { return evictable(e) && e.busy > 0; }) != nullptr) {
         idle.wait(lock);  // another thread is evicting: its room may be enough
         continue;
       }
@@ -286,8 +286,8 @@ struct TensorStore::Impl {
   Status MakeGpuRoom(std::unique_lock<std::mutex>& lock, uint64_t bytes,
                      const std::string& for_key) {
     while (!rt.gpu_budget().Fits(bytes)) {
-      StoreEntry* victim = Victim(
-          [](StoreEntry& e) { return e.has_device() && e.gpu_leases == 0 && e.busy == 0; });
+      StoreEntry* victim =
+          Victim([](StoreEntry& e) { return e.has_device() && e.gpu_leases == 0 && e.busy == 0; });
       if (victim == nullptr &&
           Victim([](StoreEntry& e) { return e.has_device() && e.busy > 0; }) != nullptr) {
         idle.wait(lock);  // another thread is moving a GPU copy: its room may be enough

@@ -118,6 +118,18 @@ std::vector<std::vector<uint16_t>> Grads(uint32_t seed, float scale = 1) {
   return grads;
 }
 
+// The fp32 sums of micro-batch gradients, in the order the engine adds them.
+void AddToSums(const std::vector<std::vector<uint16_t>>& grads, bool first,
+               std::vector<std::vector<float>>* sums) {
+  sums->resize(kSizes.size());
+  for (size_t i = 0; i < kSizes.size(); ++i) {
+    (*sums)[i].resize(kSizes[i]);
+    for (uint64_t j = 0; j < kSizes[i]; ++j) {
+      (*sums)[i][j] = first ? FromBf16(grads[i][j]) : (*sums)[i][j] + FromBf16(grads[i][j]);
+    }
+  }
+}
+
 std::vector<ParamGroup> Groups() {
   ParamGroup decay;
   decay.lr = 0.01;
@@ -244,13 +256,7 @@ TEST_P(EngineTest, TrainingIsBitIdenticalToInMemoryAdam) {
         ASSERT_TRUE(
             (*engine)->GradientReady(Name(i), last[i].data(), kSizes[i], DType::kBf16).ok());
       }
-      if (micro == 0) sums.assign(kSizes.size(), {});
-      for (size_t i = 0; i < kSizes.size(); ++i) {
-        sums[i].resize(kSizes[i]);
-        for (uint64_t j = 0; j < kSizes[i]; ++j) {
-          sums[i][j] = micro == 0 ? FromBf16(last[i][j]) : sums[i][j] + FromBf16(last[i][j]);
-        }
-      }
+      AddToSums(last, micro == 0, &sums);
     }
     auto stats = (*engine)->Step();
     ASSERT_TRUE(stats.ok()) << stats.status();
@@ -548,12 +554,7 @@ TEST_P(EngineGpu, TrainingOnTheGpuIsBitIdenticalToInMemoryAdam) {
           CUDA_OK(cudaMemsetAsync(grad, 0xFF, 2 * kSizes[i], stream));  // reused at once
           CUDA_OK(cudaStreamSynchronize(stream));  // host_fp32 is refilled next
         }
-        for (size_t i = 0; i < kSizes.size(); ++i) {
-          sums[i].resize(kSizes[i]);
-          for (uint64_t j = 0; j < kSizes[i]; ++j) {
-            sums[i][j] = micro == 0 ? FromBf16(last[i][j]) : sums[i][j] + FromBf16(last[i][j]);
-          }
-        }
+        AddToSums(last, micro == 0, &sums);
       }
       auto stats = (*engine)->Step();
       ASSERT_TRUE(stats.ok()) << stats.status();

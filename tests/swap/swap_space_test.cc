@@ -297,8 +297,7 @@ TEST_P(SwapSpaceTest, CrashMidWriteLeavesTheTensorInterruptedOnReopen) {
     EXPECT_EQ((*swap)->Info("other")->state, SwapSpace::TensorInfo::State::kClean);
     auto torn = ReadAll(**swap, "w");
     ASSERT_EQ(torn.status().code(), StatusCode::kDataLoss) << torn.status();
-    EXPECT_NE(torn.status().message().find("'w' was interrupted while writing"),
-              std::string::npos)
+    EXPECT_NE(torn.status().message().find("'w' was interrupted while writing"), std::string::npos)
         << torn.status();
     auto other = ReadAll(**swap, "other");
     ASSERT_TRUE(other.ok()) << other.status();

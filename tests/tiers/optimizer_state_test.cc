@@ -262,10 +262,10 @@ std::vector<std::vector<std::byte>> Snapshot(OptimizerState& state) {
   std::vector<std::vector<std::byte>> out;
   for (size_t i = 0; i < kSizes.size(); ++i) {
     std::vector<std::byte> all(12 * kSizes[i]);
-    EXPECT_TRUE(
-        state.Read(i, reinterpret_cast<float*>(all.data()), all.data() + 4 * kSizes[i],
-                   all.data() + 8 * kSizes[i])
-            .ok());
+    EXPECT_TRUE(state
+                    .Read(i, reinterpret_cast<float*>(all.data()), all.data() + 4 * kSizes[i],
+                          all.data() + 8 * kSizes[i])
+                    .ok());
     out.push_back(std::move(all));
   }
   return out;
@@ -342,7 +342,7 @@ TEST(OptimizerStateFaults, ReadErrorAndChecksumMismatchLeaveTheStateAsBefore) {
         continue;
       }
       EXPECT_EQ(Snapshot(*state->state), before);  // as before the step
-      auto again = (*state)->Step(tg, hyper);  // the fault was transient
+      auto again = (*state)->Step(tg, hyper);      // the fault was transient
       ASSERT_TRUE(again.ok()) << again.status();
     }
     // Reopened, the retried step is there, equal to one step in memory.
@@ -373,8 +373,7 @@ TEST(OptimizerStateFaults, KilledMidStepLosesOnlyThatStep) {
   Reference ref(StatePrecision::kFp32, 5);
   std::vector<std::vector<std::byte>> before;
   {
-    auto state =
-        Make(Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
+    auto state = Make(Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
     ASSERT_TRUE(state.ok()) << state.status();
     for (size_t i = 0; i < kSizes.size(); ++i) {
       ASSERT_TRUE((*state)->Initialize(i, ref.params[i].data()).ok());

@@ -72,7 +72,7 @@ TEST(RuntimeContext, PartsShareOneSwapSpaceAndOneBudget) {
   auto swap = (*context)->impl().Swap();
   ASSERT_TRUE(swap.ok());
   EXPECT_EQ(*swap, (*state)->swap());
-  EXPECT_TRUE((*swap)->Contains("w"));  // both parts' tensors in the one manifest
+  EXPECT_TRUE((*swap)->Contains("w"));    // both parts' tensors in the one manifest
   EXPECT_EQ((*swap)->Keys().size(), 3u);  // "w" and the state's two copies
   EXPECT_EQ((*context)->stats().host_bytes, (*state)->host_bytes());
   {

@@ -227,8 +227,8 @@ TEST(TensorStoreNvme, EvictsByNextUseAndWritesBackDirtyTensors) {
 TEST(TensorStoreNvme, NoWaitForAWriteBackHoldsTheStore) {
   TempDir dir;
   RuntimeOptions o = NvmeOptions(dir.path(), (2 << 20) + 4096);  // a, b and h; not c too
-  o.wrap_backend = testing::InjectFaults(std::make_shared<testing::FaultPlan>(
-      std::vector<testing::FaultRule>{
+  o.wrap_backend =
+      testing::InjectFaults(std::make_shared<testing::FaultPlan>(std::vector<testing::FaultRule>{
           {IoOp::kWrite, testing::FaultRule::Action::kDelay, 0, -1, 0, 0, 100}}));
   auto store = OpenStore(o);
   ASSERT_TRUE(store.ok());

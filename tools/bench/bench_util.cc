@@ -1,9 +1,12 @@
 #include "bench/bench_util.h"
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <filesystem>
 
 #include "common/strings.h"
 
@@ -101,6 +104,23 @@ void Progress::Done() {
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+TempDirs::~TempDirs() {
+  std::error_code ec;
+  for (const std::string& d : dirs_) std::filesystem::remove_all(d, ec);
+}
+
+Status TempDirs::Make(const std::vector<std::string>& parents, std::string_view profile) {
+  for (const std::string& parent : parents) {
+    std::string tmpl = StrCat(parent, "/zoffload-", profile, "-XXXXXX");
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      return Status(StatusCode::kPermissionDenied,
+                    StrCat(profile, ": cannot create a directory in ", parent), errno);
+    }
+    dirs_.push_back(tmpl);
+  }
+  return Status::Ok();
 }
 
 }  // namespace zoffload::bench

@@ -38,6 +38,22 @@ class Progress {
   bool tty_;
 };
 
+/// Fresh directories, one in each of some parent directories, removed with what they hold
+/// when this goes away.
+class TempDirs {
+ public:
+  TempDirs() = default;
+  ~TempDirs();
+  TempDirs(const TempDirs&) = delete;
+  TempDirs& operator=(const TempDirs&) = delete;
+  /// Makes "<parent>/zoffload-<profile>-XXXXXX" in each parent; the error names the parent.
+  Status Make(const std::vector<std::string>& parents, std::string_view profile);
+  const std::vector<std::string>& dirs() const { return dirs_; }
+
+ private:
+  std::vector<std::string> dirs_;
+};
+
 /// The median of `v` (not empty).
 double Median(std::vector<double> v);
 

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -136,14 +135,6 @@ Result<double> AdamAloneSeconds(const std::vector<uint64_t>& sizes, StatePrecisi
   }
   return Median(times);
 }
-
-struct TempDirs {
-  std::vector<std::string> dirs;
-  ~TempDirs() {
-    std::error_code ec;
-    for (const std::string& d : dirs) std::filesystem::remove_all(d, ec);
-  }
-};
 
 }  // namespace
 
@@ -283,15 +274,8 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
   TempDirs temp;
   if (o.state_on == StateHome::kNvme) {
     zero.offload_optimizer.device = OffloadDevice::kNvme;
-    for (const std::string& path : o.paths) {
-      std::string tmpl = path + "/zoffload-engine-XXXXXX";
-      if (::mkdtemp(tmpl.data()) == nullptr) {
-        return Status(StatusCode::kPermissionDenied,
-                      StrCat("engine: cannot create a directory in ", path), errno);
-      }
-      temp.dirs.push_back(tmpl);
-    }
-    config.zoffload.nvme_paths = temp.dirs;
+    ZO_RETURN_IF_ERROR(temp.Make(o.paths, "engine"));
+    config.zoffload.nvme_paths = temp.dirs();
   } else {
     zero.offload_optimizer.device = OffloadDevice::kCpu;
   }

@@ -9,7 +9,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <initializer_list>
 #include <memory>
 #include <random>
@@ -25,14 +24,6 @@ namespace zoffload::bench {
 namespace {
 
 // Directories for the swap space, one under each path, removed with their files on return.
-struct TempDirs {
-  std::vector<std::string> dirs;
-  ~TempDirs() {
-    std::error_code ec;
-    for (const std::string& d : dirs) std::filesystem::remove_all(d, ec);
-  }
-};
-
 // The disk alone, on the step's directory with its aio settings, through the I/O engine
 // without the swap space or checksums: a file of two halves, written once (the write
 // bandwidth) and read once (the read bandwidth); then mixed passes, each reading one half
@@ -156,15 +147,8 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   RuntimeOptions ro;
   ro.trace_path = o.trace_path;
   if (o.state_on == StateHome::kNvme) {
-    for (const std::string& path : o.paths) {
-      std::string tmpl = path + "/zoffload-step-XXXXXX";
-      if (::mkdtemp(tmpl.data()) == nullptr) {
-        return Status(StatusCode::kPermissionDenied,
-                      StrCat("step: cannot create a directory in ", path), errno);
-      }
-      temp.dirs.push_back(tmpl);
-    }
-    ro.nvme_paths = temp.dirs;
+    ZO_RETURN_IF_ERROR(temp.Make(o.paths, "step"));
+    ro.nvme_paths = temp.dirs();
     ro.aio = o.aio;
     ro.checksums = o.checksums;
     ro.durable = o.durable;
@@ -213,7 +197,7 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   // I/O-only pass over the same bytes, so both see the disk in the same state.
   std::unique_ptr<DiskProbe> disk;
   if (o.state_on == StateHome::kNvme) {
-    ZO_ASSIGN_OR_RETURN(disk, DiskProbe::Create(temp.dirs.front(), o.aio,
+    ZO_ASSIGN_OR_RETURN(disk, DiskProbe::Create(temp.dirs().front(), o.aio,
                                                 state->swap()->reserved_bytes(), o.durable));
     std::fprintf(stderr, "  disk alone: write %.2f GB/s, read %.2f GB/s\n", disk->write_gbps(),
                  disk->read_gbps());
