@@ -411,45 +411,72 @@ Status WriteStepJson(const std::string& path, const StepRecord& r) {
   return WriteTextFile(path, nlohmann::ordered_json::array({j}).dump(2) + "\n");
 }
 
+// The options the step and engine profiles share, and where they go.
+struct StateProfileArgs {
+  uint64_t& params;
+  int &tensors, &threads, &steps;
+  StateHome& state_on;
+  StatePrecision& state;
+  std::vector<std::string>& paths;
+  std::string &json_path, &trace_path;
+};
+
+// Takes option `a` (value `v`) when it is one of StateProfileArgs'; false when it is not.
+Result<bool> TakeStateProfileOption(const std::string& a, const std::string& v,
+                                    const StateProfileArgs& out) {
+  if (a == "--params") {
+    if (!ParseByteSize(v, &out.params) || out.params == 0) {
+      return InvalidArgumentError(StrCat("--params: '", v, "' is not a count such as 128M"));
+    }
+  } else if (a == "--tensors" || a == "--threads" || a == "--steps") {
+    ZO_ASSIGN_OR_RETURN(auto l, ParseIntList(a, v, 1, 1 << 20));
+    (a == "--tensors" ? out.tensors : a == "--threads" ? out.threads : out.steps) = l.front();
+  } else if (a == "--state-on") {
+    ZO_ASSIGN_OR_RETURN(
+        auto l,
+        ParseEnumList<StateHome>(a, v, {{"host", StateHome::kHost}, {"nvme", StateHome::kNvme}}));
+    out.state_on = l.front();
+  } else if (a == "--path") {
+    out.paths.push_back(v);
+  } else if (a == "--state") {
+    ZO_ASSIGN_OR_RETURN(auto l, ParseEnumList(a, v, kStateNames));
+    out.state = l.front();
+  } else if (a == "--json") {
+    out.json_path = v;
+  } else if (a == "--trace") {
+    out.trace_path = v;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 int StepMain(const std::vector<std::string>& args, bool short_defaults) {
   StepBenchOptions o;
   if (short_defaults) o.params = uint64_t{32} << 20;
   std::string json_path;
   std::vector<std::string> paths;
   bool help = false;
+  const StateProfileArgs shared{o.params, o.tensors, o.threads, o.steps,     o.state_on,
+                                o.state,  paths,     json_path, o.trace_path};
   const Status parsed = ForEachOption(
       args, {"--no-checksums", "--durable"}, &help,
       [&](const std::string& a, const std::string& v) -> Status {
+        ZO_ASSIGN_OR_RETURN(const bool taken, TakeStateProfileOption(a, v, shared));
+        if (taken) return Status::Ok();
         if (a == "--no-checksums") {
           o.checksums = false;
         } else if (a == "--durable") {
           o.durable = true;
-        } else if (a == "--params") {
-          if (!ParseByteSize(v, &o.params) || o.params == 0) {
-            return InvalidArgumentError(StrCat("--params: '", v, "' is not a count such as 128M"));
-          }
-        } else if (a == "--tensors" || a == "--buffers" || a == "--threads" || a == "--steps") {
-          ZO_ASSIGN_OR_RETURN(auto l, ParseIntList(a, v, a == "--buffers" ? 2 : 1, 1 << 20));
-          (a == "--tensors"   ? o.tensors
-           : a == "--buffers" ? o.buffers
-           : a == "--threads" ? o.threads
-                              : o.steps) = l.front();
+        } else if (a == "--buffers") {
+          ZO_ASSIGN_OR_RETURN(auto l, ParseIntList(a, v, 2, 1 << 20));
+          o.buffers = l.front();
         } else if (a == "--chunk") {
           if (!ParseByteSize(v, &o.chunk_elements) || o.chunk_elements % 256 != 0 ||
               o.chunk_elements == 0) {
             return InvalidArgumentError(
                 StrCat("--chunk: '", v, "' is not a positive multiple of 256 elements such as 4M"));
           }
-        } else if (a == "--state-on") {
-          ZO_ASSIGN_OR_RETURN(auto l,
-                              ParseEnumList<StateHome>(
-                                  a, v, {{"host", StateHome::kHost}, {"nvme", StateHome::kNvme}}));
-          o.state_on = l.front();
-        } else if (a == "--path") {
-          paths.push_back(v);
-        } else if (a == "--state") {
-          ZO_ASSIGN_OR_RETURN(auto l, ParseEnumList(a, v, kStateNames));
-          o.state = l.front();
         } else if (a == "--grad-dtype") {
           ZO_ASSIGN_OR_RETURN(auto l, ParseEnumList(a, v, kDTypeNames));
           o.grad_dtype = l.front();
@@ -462,10 +489,6 @@ int StepMain(const std::vector<std::string>& args, bool short_defaults) {
           if (config.zoffload.cpu_adam_threads > 0) o.threads = config.zoffload.cpu_adam_threads;
           SetCpuAdamCoreBinding(config.zoffload.cpu_adam_bind_cores);
           if (paths.empty()) paths = RuntimeOptions::FromConfig(config).nvme_paths;
-        } else if (a == "--json") {
-          json_path = v;
-        } else if (a == "--trace") {
-          o.trace_path = v;
         } else {
           return UnknownOption(a);
         }
@@ -537,38 +560,24 @@ int EngineMain(const std::vector<std::string>& args, bool short_defaults) {
   std::string json_path;
   std::vector<std::string> paths;
   bool help = false;
+  const StateProfileArgs shared{o.params, o.tensors, o.threads, o.steps,     o.state_on,
+                                o.state,  paths,     json_path, o.trace_path};
   const Status parsed = ForEachOption(
       args, {"--host"}, &help, [&](const std::string& a, const std::string& v) -> Status {
+        ZO_ASSIGN_OR_RETURN(const bool taken, TakeStateProfileOption(a, v, shared));
+        if (taken) return Status::Ok();
         if (a == "--host") {
           o.host_mode = true;
-        } else if (a == "--params" || a == "--bucket") {
-          uint64_t* out = a == "--params" ? &o.params : &o.bucket_elements;
-          if (!ParseByteSize(v, out) || *out == 0) {
-            return InvalidArgumentError(StrCat(a, ": '", v, "' is not a count such as 256M"));
+        } else if (a == "--bucket") {
+          if (!ParseByteSize(v, &o.bucket_elements) || o.bucket_elements == 0) {
+            return InvalidArgumentError(StrCat(a, ": '", v, "' is not a count such as 500M"));
           }
-        } else if (a == "--tensors" || a == "--threads" || a == "--steps") {
-          ZO_ASSIGN_OR_RETURN(auto l, ParseIntList(a, v, 1, 1 << 20));
-          (a == "--tensors" ? o.tensors : a == "--threads" ? o.threads : o.steps) = l.front();
         } else if (a == "--grad-ms") {
           char* end = nullptr;
           o.grad_ms = std::strtod(v.c_str(), &end);
           if (end == v.c_str() || *end != '\0' || !(o.grad_ms >= 0) || o.grad_ms > 1e6) {
             return InvalidArgumentError(StrCat("--grad-ms: '", v, "' is not milliseconds >= 0"));
           }
-        } else if (a == "--state-on") {
-          ZO_ASSIGN_OR_RETURN(auto l,
-                              ParseEnumList<StateHome>(
-                                  a, v, {{"host", StateHome::kHost}, {"nvme", StateHome::kNvme}}));
-          o.state_on = l.front();
-        } else if (a == "--path") {
-          paths.push_back(v);
-        } else if (a == "--state") {
-          ZO_ASSIGN_OR_RETURN(auto l, ParseEnumList(a, v, kStateNames));
-          o.state = l.front();
-        } else if (a == "--json") {
-          json_path = v;
-        } else if (a == "--trace") {
-          o.trace_path = v;
         } else {
           return UnknownOption(a);
         }
