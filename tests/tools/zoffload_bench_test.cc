@@ -64,6 +64,32 @@ TEST(ZoffloadBenchTest, NvmeTakesSettingsFromAConfig) {
   EXPECT_EQ(records[0]["threads"], 2);
 }
 
+// The engine profile runs whole engine steps (host mode here, without a GPU) with NVMe state in
+// a temporary directory it removes, and writes its record.
+TEST(ZoffloadBenchTest, EngineStepsWriteARecord) {
+  testing::TempDir dir, out;
+  const std::string json = out.File("engine.json");
+  testing::CommandResult r = RunBench("engine --host --params 4M --tensors 9 --steps 1 --threads 1"
+                                      " --state-on nvme --path " +
+                                      dir.path() + " --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step_seconds"), std::string::npos) << r.output;
+  std::ifstream in(json);
+  const auto records = nlohmann::json::parse(in);
+  ASSERT_EQ(records.size(), 1u);
+  const auto& rec = records[0];
+  EXPECT_EQ(rec["mode"], "host");
+  EXPECT_EQ(rec["state_on"], "nvme");
+  EXPECT_EQ(rec["params"], 4u << 20);
+  for (const char* key : {"step_seconds", "bound_seconds", "ratio", "adam_alone_seconds",
+                          "grad_alone_seconds"}) {
+    EXPECT_GT(rec[key].get<double>(), 0.0) << key;
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  testing::CommandResult bad = RunBench("engine --tensors 0");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+}
+
 TEST(ZoffloadBenchTest, ClearErrors) {
   testing::CommandResult missing = RunBench("nvme --path /nonexistent-zoffload --size 1MiB");
   EXPECT_EQ(missing.exit_code, 1);
