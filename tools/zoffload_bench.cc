@@ -547,6 +547,7 @@ Status WriteEngineJson(const std::string& path, const EngineRecord& r) {
                               {"engine_host_bytes", r.engine_host_bytes},
                               {"state_bytes", r.state_bytes},
                               {"host_ratio", r.host_ratio},
+                              {"create_seconds", r.create_seconds},
                               {"gpu_bytes", r.gpu_bytes},
                               {"bucket_bytes", r.bucket_bytes},
                               {"bytes_to_host", r.bytes_to_host},

@@ -294,13 +294,16 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
 #if ZO_HAVE_CUDA
   if (gpu) ZO_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_before, &total_gpu));
 #endif
+  const auto create_start = Clock::now();
   ZO_ASSIGN_OR_RETURN(auto engine, OffloadEngine::Create(config, specs, eo));
+  rec.create_seconds = SecondsSince(create_start);
 #if ZO_HAVE_CUDA
   if (gpu) ZO_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_after, &total_gpu));
 #endif
   rec.gpu_bytes = free_before > free_after ? free_before - free_after : 0;
   rec.bucket_bytes = engine->gpu_bytes();
-  progress.Step(StrCat("engine created: ", HumanBytes(engine->host_bytes()), " host"));
+  progress.Step(StrCat("engine created in ", rec.create_seconds,
+                       " s: ", HumanBytes(engine->host_bytes()), " host"));
 
   std::vector<double> steps, grads_times, updates;
   for (int r = 0; r <= o.steps; ++r) {

@@ -53,6 +53,7 @@ struct EngineRecord {
   uint64_t engine_host_bytes = 0;  ///< what the engine holds by its own count
   uint64_t state_bytes = 0;        ///< 12 B/param fp32 state (or its precision) + gradient bytes
   double host_ratio = 0;           ///< host_rss_bytes / state_bytes
+  double create_seconds = 0;       ///< OffloadEngine::Create: state allocated and initialized
   uint64_t gpu_bytes = 0;          ///< device memory taken by creating the engine
   uint64_t bucket_bytes = 0;       ///< two buckets: what the GPU memory may be
   uint64_t bytes_to_host = 0, bytes_to_gpu = 0;
