@@ -69,9 +69,10 @@ TEST(ZoffloadBenchTest, NvmeTakesSettingsFromAConfig) {
 TEST(ZoffloadBenchTest, EngineStepsWriteARecord) {
   testing::TempDir dir, out;
   const std::string json = out.File("engine.json");
-  testing::CommandResult r = RunBench("engine --host --params 4M --tensors 9 --steps 1 --threads 1"
-                                      " --state-on nvme --path " +
-                                      dir.path() + " --json " + json);
+  testing::CommandResult r = RunBench(
+      "engine --host --params 4M --tensors 9 --steps 1 --threads 1"
+      " --state-on nvme --path " +
+      dir.path() + " --json " + json);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step_seconds"), std::string::npos) << r.output;
   std::ifstream in(json);
@@ -81,8 +82,8 @@ TEST(ZoffloadBenchTest, EngineStepsWriteARecord) {
   EXPECT_EQ(rec["mode"], "host");
   EXPECT_EQ(rec["state_on"], "nvme");
   EXPECT_EQ(rec["params"], 4u << 20);
-  for (const char* key : {"step_seconds", "bound_seconds", "ratio", "adam_alone_seconds",
-                          "grad_alone_seconds"}) {
+  for (const char* key :
+       {"step_seconds", "bound_seconds", "ratio", "adam_alone_seconds", "grad_alone_seconds"}) {
     EXPECT_GT(rec[key].get<double>(), 0.0) << key;
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
