@@ -48,9 +48,8 @@ Result<std::unique_ptr<DevicePath>> DevicePath::Create(RuntimeContext::Impl& rt,
                                                        uint64_t slot_bytes, Landed landed) {
   std::unique_ptr<DevicePath> path(new DevicePath());
   path->rt_ = &rt;
-  path->device_ = rt.options().device;
   path->landed_ = std::move(landed);
-  ZO_CUDA_RETURN_IF_ERROR(cudaSetDevice(path->device_));
+  ZO_CUDA_RETURN_IF_ERROR(cudaSetDevice(rt.options().device));
   ZO_RETURN_IF_ERROR(rt.Copies().status());
   ZO_ASSIGN_OR_RETURN(
       path->ring_,

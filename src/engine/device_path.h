@@ -50,7 +50,6 @@ class DevicePath {
 
   /// The CUDA device `ptr` points into, or -1 for host memory.
   static Result<int> DeviceOf(const void* ptr);
-  int device() const { return device_; }
 
   /// Sends `bytes` of device memory at `grad` (produced on `stream`, a cudaStream_t; null:
   /// the legacy default stream) to pinned `host`.
@@ -80,7 +79,6 @@ class DevicePath {
   DevicePath() = default;
 
   RuntimeContext::Impl* rt_ = nullptr;
-  int device_ = 0;
   DeviceMemory ring_;
   uint64_t head_ = 0;             // where the next piece goes in the ring
   std::deque<Region> in_flight_;  // pieces being copied down, newest last

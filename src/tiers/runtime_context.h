@@ -132,8 +132,6 @@ class RuntimeContext::Impl {
 #if ZO_HAVE_CUDA
   /// `bytes` of device memory for `what`, reserved from the GPU budget.
   Result<DeviceMemory> AllocateDevice(uint64_t bytes, std::string_view what);
-  /// The pinned pool (null without a GPU).
-  PinnedPool* pinned() { return pinned_.get(); }
   /// The copy engine, made on the first call (FAILED_PRECONDITION without a GPU).
   Result<CopyEngine*> Copies();
 #endif
