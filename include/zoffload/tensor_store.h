@@ -4,7 +4,7 @@
 // 1. Register(key, dtype, elements, home) reserves the tensor's home: device memory (gpu),
 //    host memory (host; pinned when a GPU exists, so copies run at PCIe speed), or a swap
 //    tensor (nvme).
-// 2. Acquire(key, access[, at]) returns a LeaseFuture; its lease gives the bytes where the
+// 2. Acquire(key, access[, at]) returns a Future<Lease>; its lease gives the bytes where the
 //    caller asked for them: by default device memory for gpu tensors and host memory for host
 //    and nvme tensors; `at` = gpu puts a host or nvme tensor in device memory too. An nvme
 //    tensor is read into a host cache buffer (unless the access is kWrite, which overwrites all
@@ -41,6 +41,7 @@
 
 #include "zoffload/config.h"
 #include "zoffload/dtype.h"
+#include "zoffload/future.h"
 #include "zoffload/runtime.h"
 #include "zoffload/status.h"
 
@@ -67,7 +68,6 @@ Tier PlacementFor(TensorRole role, const Config& config);
 class TensorStore;
 namespace internal {
 struct StoreEntry;
-struct LeaseState;
 }  // namespace internal
 
 /// A tensor made resident; released when destroyed or by Release.
@@ -90,7 +90,6 @@ class Lease {
 
  private:
   friend class TensorStore;
-  friend class LeaseFuture;
   TensorStore* store_ = nullptr;
   internal::StoreEntry* entry_ = nullptr;
   std::byte* data_ = nullptr;
@@ -98,22 +97,6 @@ class Lease {
   DType dtype_ = DType::kFp32;
   Tier where_ = Tier::kHost;
   Access access_ = Access::kRead;
-};
-
-/// A lease that may still be arriving from NVMe.
-class [[nodiscard]] LeaseFuture {
- public:
-  LeaseFuture() = default;
-  ~LeaseFuture();
-  LeaseFuture(LeaseFuture&&) noexcept;
-  LeaseFuture& operator=(LeaseFuture&&) noexcept;
-  /// Waits for the data; the lease, or why it could not be had.
-  Result<Lease> Get();
-  bool Ready() const;
-
- private:
-  friend class TensorStore;
-  std::unique_ptr<internal::LeaseState> state_;
 };
 
 class TensorStore {
@@ -133,8 +116,10 @@ class TensorStore {
   Status Unregister(const std::string& key);
 
   /// Leases `key` at `at` (default: gpu for gpu tensors, host for the others). `at` may be
-  /// gpu for any tensor and host for host and nvme tensors.
-  LeaseFuture Acquire(const std::string& key, Access access, std::optional<Tier> at = {});
+  /// gpu for any tensor and host for host and nvme tensors. The lease arrives once its moves
+  /// (an NVMe read, an upload) are in; a failed move is cleaned up by the thread that collects
+  /// the future (Get or Wait), and a future dropped uncollected gives its lease back.
+  Future<Lease> Acquire(const std::string& key, Access access, std::optional<Tier> at = {});
   /// Hint: `key` will be acquired at `at` soon; its moves there start now (an nvme tensor's
   /// read; the upload of a tensor whose host copy is present).
   void Prefetch(const std::string& key, std::optional<Tier> at = {});
@@ -153,10 +138,11 @@ class TensorStore {
 
  private:
   friend class Lease;
-  friend class LeaseFuture;
   struct Impl;
   explicit TensorStore(std::unique_ptr<Impl> impl);
   void Release(Lease& lease);
+  // The lease of a request whose moves finished with `moved`; a failure drops the copy.
+  Result<Lease> FinishLease(internal::StoreEntry& e, Tier at, Access access, const Status& moved);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -20,27 +20,16 @@ cudaStream_t AsStream(void* stream) {
   return stream != nullptr ? static_cast<cudaStream_t>(stream) : cudaStreamLegacy;
 }
 
-// What a piece's host function gets: the callback and the piece.
-struct LandedCall {
-  DevicePath::Landed* landed;
-  DevicePath::Piece piece;
-};
-
-void CUDART_CB RunLanded(void* data) {
-  std::unique_ptr<LandedCall> call(static_cast<LandedCall*>(data));
-  (*call->landed)(call->piece);
-}
-
 }  // namespace
 
 struct DevicePath::Region {
   uint64_t offset = 0, bytes = 0;  // in the ring
-  CopyToken read;                  // the D2H reading it
+  Future<> read;                   // the D2H reading it
 };
 
 struct DevicePath::Slot {
   HostMemory memory;
-  CopyToken uploaded;
+  Future<> uploaded;
 };
 
 Result<std::unique_ptr<DevicePath>> DevicePath::Create(RuntimeContext::Impl& rt,
@@ -104,14 +93,19 @@ Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32
     }
     std::byte* slot = ring_.as<std::byte>() + head_;
     ZO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot, src, piece, cudaMemcpyDeviceToDevice, caller));
-    ZO_ASSIGN_OR_RETURN(CopyToken read, copies->DeviceToHost(host, slot, piece, caller));
-    in_flight_.push_back({head_, piece, read});
+    Future<> read = copies->DeviceToHost(host, slot, piece, caller);
+    if (read.Ready()) ZO_RETURN_IF_ERROR(read.Wait());  // an enqueue error
+    while (!landing_.empty() && landing_.front().Ready()) landing_.pop_front();
     if (landed_) {
-      auto call = std::make_unique<LandedCall>(LandedCall{&landed_, {host, piece, tag}});
-      ZO_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(
-          copies->stream(CopyEngine::Direction::kDeviceToHost), RunLanded, call.get()));
-      call.release();  // RunLanded owns it now
+      landing_.push_back(
+          read.Then([landed = &landed_, p = Piece{host, piece, tag}](const Status& s) {
+            if (s.ok()) (*landed)(p);
+            return s;
+          }));
+    } else {
+      landing_.push_back(read);
     }
+    in_flight_.push_back({head_, piece, std::move(read)});
     ++pieces_;
     bytes_to_host_ += piece;
     head_ = std::min(ring_bytes, RoundUp(head_ + piece, kPieceAlign));
@@ -123,8 +117,12 @@ Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32
 }
 
 Status DevicePath::WaitLanded() {
-  if (in_flight_.empty()) return Status::Ok();
-  return in_flight_.back().read.Wait();  // the newest piece; the D2H stream runs in order
+  if (landing_.empty()) return Status::Ok();
+  // The newest piece: the D2H stream, and its callbacks, run in order.
+  const Status status = landing_.back().Wait();
+  landing_.clear();
+  in_flight_.clear();
+  return status;
 }
 
 Result<std::byte*> DevicePath::AcquireSlot() {
@@ -139,7 +137,7 @@ Result<std::byte*> DevicePath::AcquireSlot() {
 Status DevicePath::Upload(void* device_dst, uint64_t bytes) {
   Slot& s = *slots_[next_slot_++ % slots_.size()];
   ZO_ASSIGN_OR_RETURN(CopyEngine * copies, rt_->Copies());
-  ZO_ASSIGN_OR_RETURN(s.uploaded, copies->HostToDevice(device_dst, s.memory.data(), bytes));
+  s.uploaded = copies->HostToDevice(device_dst, s.memory.data(), bytes);
   bytes_to_gpu_ += bytes;
   return Status::Ok();
 }

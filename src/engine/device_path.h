@@ -11,8 +11,8 @@
 //    gradients while backward runs, and after the last one only its own copy is left.
 // 3. Before the ring's head writes over a piece still being copied down, the caller's stream
 //    waits for that copy (on the GPU; the host never waits). Pieces are at most half the ring.
-// 4. When a Landed callback is set, each piece's D2H is followed by a host function on the
-//    D2H stream handing the piece to it (a CUDA thread; it must neither block nor call CUDA).
+// 4. When a Landed callback is set, each piece's D2H future is chained (Then) to it: it runs
+//    on a CUDA callback thread and must neither block nor call CUDA.
 // Up (during Step): a ring of pinned staging slots; AcquireSlot waits (host) for the slot's
 // previous upload; Upload sends it on the H2D stream; WaitParameters orders a caller's stream
 // after the last upload.
@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tiers/runtime_context.h"
+#include "zoffload/future.h"
 #include "zoffload/status.h"
 
 namespace zoffload::internal {
@@ -82,6 +83,8 @@ class DevicePath {
   DeviceMemory ring_;
   uint64_t head_ = 0;             // where the next piece goes in the ring
   std::deque<Region> in_flight_;  // pieces being copied down, newest last
+  // Each piece's D2H, then its Landed callback when set; finished ones are dropped.
+  std::deque<Future<>> landing_;
   std::vector<std::unique_ptr<Slot>> slots_;
   size_t next_slot_ = 0;
   Landed landed_;

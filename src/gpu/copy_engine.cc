@@ -10,22 +10,6 @@
 
 namespace zoffload {
 
-Result<bool> CopyToken::Done() const {
-  if (event_ == nullptr) return true;
-  return event_->Done();
-}
-
-Status CopyToken::Wait() const {
-  if (event_ == nullptr) return Status::Ok();
-  return event_->Synchronize();
-}
-
-Status CopyToken::OrderBefore(cudaStream_t consumer) const {
-  if (event_ == nullptr) return Status::Ok();
-  ZO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(consumer, event_->get(), 0));
-  return Status::Ok();
-}
-
 Result<std::unique_ptr<CopyEngine>> CopyEngine::Create(PinnedPool& pool,
                                                        const CopyEngineOptions& options) {
   if (options.chunk_bytes < 4096 || options.staging_buffers < 2 || options.staging_threads < 1) {
@@ -54,28 +38,29 @@ Status CopyEngine::StartAfter(Lane& lane, cudaStream_t after) {
   return OrderAfter(lane.stream.get(), after, event);
 }
 
-Result<CopyToken> CopyEngine::TokenAfterLastWork(Lane& lane) {
-  auto event = std::make_shared<CudaEvent>();
-  ZO_ASSIGN_OR_RETURN(*event, CudaEvent::Create());
-  ZO_RETURN_IF_ERROR(event->Record(lane.stream.get()));
-  return CopyToken(std::move(event));
+Future<> CopyEngine::Enqueue(Lane& lane, void* dst, const void* src, size_t bytes,
+                             cudaMemcpyKind kind, cudaStream_t after) {
+  if (bytes == 0) return Future<>::Ready(Status::Ok());
+  if (Status s = EnqueueCopy(lane, dst, src, bytes, kind, after); !s.ok()) {
+    return Future<>::Ready(s);
+  }
+  return FutureAfterWork(lane.stream.get());
 }
 
-Result<CopyToken> CopyEngine::Enqueue(Lane& lane, void* dst, const void* src, size_t bytes,
-                                      cudaMemcpyKind kind, cudaStream_t after) {
-  if (bytes == 0) return CopyToken();
+Status CopyEngine::EnqueueCopy(Lane& lane, void* dst, const void* src, size_t bytes,
+                               cudaMemcpyKind kind, cudaStream_t after) {
   ZO_RETURN_IF_ERROR(StartAfter(lane, after));
   ZO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, kind, lane.stream.get()));
-  return TokenAfterLastWork(lane);
+  return Status::Ok();
 }
 
-Result<CopyToken> CopyEngine::HostToDevice(void* device_dst, const void* host_src, size_t bytes,
-                                           cudaStream_t after) {
+Future<> CopyEngine::HostToDevice(void* device_dst, const void* host_src, size_t bytes,
+                                  cudaStream_t after) {
   return Enqueue(h2d_, device_dst, host_src, bytes, cudaMemcpyHostToDevice, after);
 }
 
-Result<CopyToken> CopyEngine::DeviceToHost(void* host_dst, const void* device_src, size_t bytes,
-                                           cudaStream_t after) {
+Future<> CopyEngine::DeviceToHost(void* host_dst, const void* device_src, size_t bytes,
+                                  cudaStream_t after) {
   return Enqueue(d2h_, host_dst, device_src, bytes, cudaMemcpyDeviceToHost, after);
 }
 
@@ -97,10 +82,19 @@ void CopyEngine::ParallelCopy(void* dst, const void* src, size_t bytes) const {
   }
 }
 
-Result<CopyToken> CopyEngine::HostToDeviceStaged(void* device_dst, const void* host_src,
-                                                 size_t bytes, cudaStream_t after) {
-  if (bytes == 0) return CopyToken();
+Future<> CopyEngine::HostToDeviceStaged(void* device_dst, const void* host_src, size_t bytes,
+                                        cudaStream_t after) {
+  if (bytes == 0) return Future<>::Ready(Status::Ok());
   std::lock_guard lock(h2d_.staging);
+  if (Status s = StageToDevice(device_dst, host_src, bytes, after); !s.ok()) {
+    return Future<>::Ready(s);
+  }
+  return FutureAfterWork(h2d_.stream.get());
+}
+
+// The staged upload's loop (h2d_.staging held).
+Status CopyEngine::StageToDevice(void* device_dst, const void* host_src, size_t bytes,
+                                 cudaStream_t after) {
   ZO_RETURN_IF_ERROR(StartAfter(h2d_, after));
   const size_t chunk = options_.chunk_bytes;
   for (size_t offset = 0, c = 0; offset < bytes; offset += chunk, ++c) {
@@ -113,7 +107,7 @@ Result<CopyToken> CopyEngine::HostToDeviceStaged(void* device_dst, const void* h
                                             h2d_.stream.get()));
     ZO_RETURN_IF_ERROR(slot.dma_done.Record(h2d_.stream.get()));
   }
-  return TokenAfterLastWork(h2d_);
+  return Status::Ok();
 }
 
 Status CopyEngine::DeviceToHostStaged(void* host_dst, const void* device_src, size_t bytes,

@@ -1,5 +1,7 @@
 #include "gpu/stream.h"
 
+#include <functional>
+#include <memory>
 #include <utility>
 
 #include "common/log.h"
@@ -92,6 +94,50 @@ Status OrderAfter(cudaStream_t waiter, cudaStream_t producer, CudaEvent& event) 
   ZO_RETURN_IF_ERROR(event.Record(producer));
   ZO_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(waiter, event.get(), 0));
   return Status::Ok();
+}
+
+namespace {
+
+// A future's device side: an event recorded after the work, on the work's stream.
+class EventSignal final : public internal::DeviceSignal {
+ public:
+  EventSignal(CudaEvent event, cudaStream_t stream) : event_(std::move(event)), stream_(stream) {}
+  Result<bool> Done() override { return event_.Done(); }
+  Status Wait() override { return event_.Synchronize(); }
+  Status OrderBefore(void* stream) override {
+    ZO_CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), event_.get(), 0));
+    return Status::Ok();
+  }
+  Status Notify(std::function<void()> fn) override {
+    // After everything on the stream so far, which includes the work.
+    auto* call = new std::function<void()>(std::move(fn));
+    const cudaError_t err = cudaLaunchHostFunc(
+        stream_,
+        [](void* data) {
+          std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(data));
+          (*f)();
+        },
+        call);
+    if (err != cudaSuccess) {
+      delete call;
+      ZO_CUDA_RETURN_IF_ERROR(err);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  CudaEvent event_;
+  cudaStream_t stream_;
+};
+
+}  // namespace
+
+Future<> FutureAfterWork(cudaStream_t stream) {
+  Result<CudaEvent> event = CudaEvent::Create();
+  if (!event.ok()) return Future<>::Ready(event.status());
+  if (Status s = event->Record(stream); !s.ok()) return Future<>::Ready(s);
+  return DeviceFuture(std::make_unique<EventSignal>(std::move(event).value(), stream));
 }
 
 }  // namespace zoffload

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "zoffload/future.h"
 #include "zoffload/status.h"
 
 namespace zoffload {
@@ -65,5 +66,9 @@ class CudaStream {
 /// Makes work enqueued on `waiter` after this call start only after the work enqueued on
 /// `producer` so far, using `event` (recorded on producer, waited on waiter). Host never waits.
 Status OrderAfter(cudaStream_t waiter, cudaStream_t producer, CudaEvent& event);
+
+/// A future that finishes once the work enqueued on `stream` so far has (an event recorded
+/// now); a failure to record it is the future's error.
+Future<> FutureAfterWork(cudaStream_t stream);
 
 }  // namespace zoffload

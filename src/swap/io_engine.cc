@@ -47,24 +47,19 @@ struct Piece;
 
 struct IoRequestState {
   std::mutex mu;
-  std::condition_variable cv;
-  bool done = false;
   Status status;
   std::atomic<uint64_t> remaining{0};
   std::string label;
   IoOp op = IoOp::kRead;
   std::vector<Piece> pieces;
-  std::function<void(const Status&)> on_done;
+  Promise<> finished;
 
   void Fail(const Status& s) {
     std::lock_guard<std::mutex> lock(mu);
     if (status.ok()) status = s;
   }
   void Finish() {
-    if (on_done) on_done(status);  // every piece is done: no other thread touches status
-    std::lock_guard<std::mutex> lock(mu);
-    done = true;
-    cv.notify_all();
+    finished.Set(status);  // every piece is done: no other thread touches status
   }
 };
 
@@ -95,42 +90,6 @@ struct Piece {
 
 using internal::IoRequestState;
 using internal::Piece;
-
-// ---- IoFuture ---------------------------------------------------------------------------
-
-IoFuture::IoFuture(std::shared_ptr<IoRequestState> state) : state_(std::move(state)) {}
-
-IoFuture IoFuture::Done(Status status) {
-  auto state = std::make_shared<IoRequestState>();
-  state->status = std::move(status);
-  state->done = true;
-  return IoFuture(std::move(state));
-}
-
-IoFuture& IoFuture::operator=(IoFuture&& other) noexcept {
-  if (this != &other) {
-    if (state_) Wait().IgnoreError();
-    state_ = std::move(other.state_);
-  }
-  return *this;
-}
-
-IoFuture::~IoFuture() {
-  if (state_) Wait().IgnoreError();
-}
-
-Status IoFuture::Wait() {
-  if (!state_) return FailedPreconditionError("IoFuture: no request");
-  std::unique_lock<std::mutex> lock(state_->mu);
-  state_->cv.wait(lock, [&] { return state_->done; });
-  return state_->status;
-}
-
-bool IoFuture::Ready() const {
-  if (!state_) return true;
-  std::lock_guard<std::mutex> lock(state_->mu);
-  return state_->done;
-}
 
 // ---- the engine -------------------------------------------------------------------------
 
@@ -555,16 +514,12 @@ Status IoEngine::UnregisterBuffer(std::span<std::byte> memory) {
   return Status::Ok();
 }
 
-IoFuture IoEngine::Submit(IoOp op, std::vector<IoSegment> segments, std::string label,
-                          std::function<void(const Status&)> on_done) {
+Future<> IoEngine::Submit(IoOp op, std::vector<IoSegment> segments, std::string label) {
   auto state = std::make_shared<IoRequestState>();
   state->op = op;
   state->label = std::move(label);
   const uint64_t block = static_cast<uint64_t>(impl_->options.aio.block_size);
-  auto fail = [&](Status s) {
-    if (on_done) on_done(s);
-    return IoFuture::Done(std::move(s));
-  };
+  auto fail = [](Status s) { return Future<>::Ready(std::move(s)); };
   size_t count = 0;
   for (const IoSegment& seg : segments) {
     const FileEntry* f = impl_->File(seg.file);
@@ -601,7 +556,7 @@ IoFuture IoEngine::Submit(IoOp op, std::vector<IoSegment> segments, std::string 
     }
   }
   if (state->pieces.empty()) return fail(Status::Ok());
-  state->on_done = std::move(on_done);
+  Future<> future = state->finished.GetFuture();
   state->remaining = state->pieces.size();
   // Round-robin over the I/O threads, one lock per thread.
   const size_t n = impl_->workers.size();
@@ -619,7 +574,7 @@ IoFuture IoEngine::Submit(IoOp op, std::vector<IoSegment> segments, std::string 
     }
     w.cv.notify_one();
   }
-  return IoFuture(std::move(state));
+  return future;
 }
 
 const AioConfig& IoEngine::aio() const { return impl_->options.aio; }

@@ -18,7 +18,8 @@
 // 5. Short reads/writes are resubmitted for the remainder; EINTR/EAGAIN are retried; any other
 //    error fails the request with the file, offset and errno. A request completes only after
 //    every one of its pieces has completed (failed ones included), so its buffers are never
-//    in use by the kernel once its future is ready — also on error.
+//    in use by the kernel once its future is ready — also on error. The future's last copy
+//    waits for the request when destroyed.
 // 6. A segment may carry a CRC32C slot: on write the engine stores the checksum of the data,
 //    on read it verifies it and fails the request naming the label and the byte offset.
 //
@@ -35,6 +36,7 @@
 #include "common/trace.h"
 #include "swap/io_backend.h"
 #include "zoffload/config.h"
+#include "zoffload/future.h"
 #include "zoffload/status.h"
 
 namespace zoffload {
@@ -73,33 +75,6 @@ struct IoSegment {
   uint64_t logical_offset = 0;
 };
 
-namespace internal {
-struct IoRequestState;
-}
-
-/// Completion token of one request. Waits in its destructor if never waited on, so the
-/// request's buffers are never freed while the kernel may still use them.
-class [[nodiscard]] IoFuture {
- public:
-  IoFuture() = default;
-  explicit IoFuture(std::shared_ptr<internal::IoRequestState> state);
-  /// A token that is already complete with `status` (for requests refused before any I/O).
-  static IoFuture Done(Status status);
-  IoFuture(IoFuture&&) noexcept = default;
-  IoFuture& operator=(IoFuture&& other) noexcept;
-  ~IoFuture();
-
-  /// Blocks until every piece has completed; the first error, or OK.
-  Status Wait();
-  /// True when Wait would not block.
-  bool Ready() const;
-  /// False for a default-constructed future (no request).
-  bool valid() const { return state_ != nullptr; }
-
- private:
-  std::shared_ptr<internal::IoRequestState> state_;
-};
-
 class IoEngine {
  public:
   static Result<std::unique_ptr<IoEngine>> Create(IoEngineOptions options);
@@ -128,12 +103,11 @@ class IoEngine {
   /// Unregisters memory registered before; no request may be using it.
   Status UnregisterBuffer(std::span<std::byte> memory);
 
-  /// Starts a request. Errors (bad file id, unaligned offset) come back through the future.
-  /// `label` names the request in errors ("tensor 'layer0.m'"). `on_done`, if set, runs once
-  /// with the request's status on an I/O thread just before the future becomes ready; it
-  /// must not block.
-  IoFuture Submit(IoOp op, std::vector<IoSegment> segments, std::string label,
-                  std::function<void(const Status&)> on_done = {});
+  /// Starts a request. Errors (bad file id, unaligned offset) come back through the future,
+  /// which an I/O thread finishes once every piece has completed (its Then callbacks run
+  /// there). `label` names the request in errors ("tensor 'layer0.m'"). The future's last copy
+  /// waits in its destructor, so the request's buffers are never freed under the kernel.
+  Future<> Submit(IoOp op, std::vector<IoSegment> segments, std::string label);
 
   const AioConfig& aio() const;
   std::string_view backend_name() const;

@@ -548,71 +548,69 @@ Status SwapSpace::BeginWrite(const std::vector<std::string>& keys) {
   return changed ? impl_->PersistManifest() : Status::Ok();
 }
 
-IoFuture SwapSpace::Write(const std::string& key, uint64_t offset, std::span<const std::byte> data,
-                          std::function<void(const Status&)> on_done) {
+Future<> SwapSpace::Write(const std::string& key, uint64_t offset,
+                          std::span<const std::byte> data) {
   TensorEntry* t;
   std::vector<IoSegment> segments;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     auto it = impl_->tensors.find(key);
     if (it == impl_->tensors.end()) {
-      return IoFuture::Done(NotFoundError(StrCat("no tensor '", key, "' in swap space")));
+      return Future<>::Ready(NotFoundError(StrCat("no tensor '", key, "' in swap space")));
     }
     t = it->second.get();
     auto segs = impl_->Segments(*t, key, offset, data.size(), const_cast<std::byte*>(data.data()));
-    if (!segs.ok()) return IoFuture::Done(segs.status());
+    if (!segs.ok()) return Future<>::Ready(segs.status());
     segments = std::move(segs).value();
     if (t->state != TensorState::kWriting) {
       t->state = TensorState::kWriting;  // durably, before the first byte reaches the disk
-      if (Status s = impl_->PersistManifest(); !s.ok()) return IoFuture::Done(s);
+      if (Status s = impl_->PersistManifest(); !s.ok()) return Future<>::Ready(s);
     }
     t->written_since_commit = true;
     t->has_data = true;
   }
   const bool whole = offset == 0 && data.size() == t->bytes;
-  return impl_->engine->Submit(IoOp::kWrite, std::move(segments), StrCat("tensor '", key, "'"),
-                               [t, whole, on_done = std::move(on_done)](const Status& s) {
-                                 if (!s.ok()) {
-                                   t->write_failed = true;
-                                 } else if (whole) {
-                                   t->write_failed = false;
-                                 }
-                                 if (on_done) on_done(s);
-                               });
+  return impl_->engine->Submit(IoOp::kWrite, std::move(segments), StrCat("tensor '", key, "'"))
+      .Then([t, whole](const Status& s) {
+        if (!s.ok()) {
+          t->write_failed = true;
+        } else if (whole) {
+          t->write_failed = false;
+        }
+        return s;
+      });
 }
 
-IoFuture SwapSpace::Read(const std::string& key, uint64_t offset, std::span<std::byte> out,
-                         std::function<void(const Status&)> on_done) {
+Future<> SwapSpace::Read(const std::string& key, uint64_t offset, std::span<std::byte> out) {
   std::vector<IoSegment> segments;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     auto it = impl_->tensors.find(key);
     if (it == impl_->tensors.end()) {
-      return IoFuture::Done(NotFoundError(StrCat("no tensor '", key, "' in swap space")));
+      return Future<>::Ready(NotFoundError(StrCat("no tensor '", key, "' in swap space")));
     }
     TensorEntry& t = *it->second;
     if (t.state == TensorState::kInterrupted) {
-      return IoFuture::Done(DataLossError(
+      return Future<>::Ready(DataLossError(
           StrCat("tensor '", key,
                  "' was interrupted while writing (a process failed or was killed mid-write): it "
                  "may mix two versions and is not read until written again in full")));
     }
     if (!t.has_data) {
-      return IoFuture::Done(
+      return Future<>::Ready(
           FailedPreconditionError(StrCat("tensor '", key, "' was allocated but never written")));
     }
     if (t.write_failed) {
-      return IoFuture::Done(
+      return Future<>::Ready(
           DataLossError(StrCat("tensor '", key,
                                "': its last write failed, so its data is not consistent; write it "
                                "again in full")));
     }
     auto segs = impl_->Segments(t, key, offset, out.size(), out.data());
-    if (!segs.ok()) return IoFuture::Done(segs.status());
+    if (!segs.ok()) return Future<>::Ready(segs.status());
     segments = std::move(segs).value();
   }
-  return impl_->engine->Submit(IoOp::kRead, std::move(segments), StrCat("tensor '", key, "'"),
-                               std::move(on_done));
+  return impl_->engine->Submit(IoOp::kRead, std::move(segments), StrCat("tensor '", key, "'"));
 }
 
 namespace {

@@ -114,13 +114,11 @@ class SwapSpace {
   Status BeginWrite(const std::vector<std::string>& keys);
 
   /// Writes `data` at byte `offset` of tensor `key`. `offset` is a multiple of the block size;
-  /// the range ends at a block boundary or at the tensor's end. `on_done` as in
-  /// IoEngine::Submit (it runs on an I/O thread and must not block).
-  IoFuture Write(const std::string& key, uint64_t offset, std::span<const std::byte> data,
-                 std::function<void(const Status&)> on_done = {});
+  /// the range ends at a block boundary or at the tensor's end. The future is
+  /// IoEngine::Submit's.
+  Future<> Write(const std::string& key, uint64_t offset, std::span<const std::byte> data);
   /// Reads into `out` from byte `offset` of tensor `key`; same range rules as Write.
-  IoFuture Read(const std::string& key, uint64_t offset, std::span<std::byte> out,
-                std::function<void(const Status&)> on_done = {});
+  Future<> Read(const std::string& key, uint64_t offset, std::span<std::byte> out);
 
   /// For kCaller tensors: records the checksums of `data`, about to be written at `offset`
   /// of `key` (same range rules as Write), computed on `threads` threads (0: OpenMP default).

@@ -15,33 +15,21 @@ class CudaDeviceCopy final : public DeviceCopy {
  public:
   CudaDeviceCopy(DeviceMemory memory, CopyEngine& copies)
       : memory_(std::move(memory)), copies_(copies) {}
-  ~CudaDeviceCopy() override { upload_.Wait().IgnoreError(); }
-
   std::byte* data() const override { return memory_.as<std::byte>(); }
 
-  Status StartUpload(const HostMemory& host) override {
-    if (host.pinned()) {
-      ZO_ASSIGN_OR_RETURN(upload_, copies_.HostToDevice(data(), host.data(), host.size()));
-    } else {
-      ZO_ASSIGN_OR_RETURN(upload_, copies_.HostToDeviceStaged(data(), host.data(), host.size()));
-    }
-    return Status::Ok();
+  Future<> StartUpload(const HostMemory& host) override {
+    if (host.pinned()) return copies_.HostToDevice(data(), host.data(), host.size());
+    return copies_.HostToDeviceStaged(data(), host.data(), host.size());
   }
-
-  Result<bool> UploadDone() const override { return upload_.Done(); }
-
-  Status WaitUpload() override { return std::exchange(upload_, CopyToken()).Wait(); }
 
   Status Download(const HostMemory& host) override {
     if (!host.pinned()) return copies_.DeviceToHostStaged(host.data(), data(), host.size());
-    ZO_ASSIGN_OR_RETURN(CopyToken t, copies_.DeviceToHost(host.data(), data(), host.size()));
-    return t.Wait();
+    return copies_.DeviceToHost(host.data(), data(), host.size()).Wait();
   }
 
  private:
   DeviceMemory memory_;
   CopyEngine& copies_;
-  CopyToken upload_;  // the upload in flight, if any
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "tiers/runtime_context.h"
+#include "zoffload/future.h"
 #include "zoffload/status.h"
 
 namespace zoffload::internal {
@@ -22,12 +23,8 @@ class DeviceCopy {
   virtual std::byte* data() const = 0;
   /// Starts copying `host` (the whole tensor) into the device memory: pinned host memory goes
   /// in one DMA and this returns at once; pageable memory goes through pinned staging and this
-  /// returns once it has been read.
-  virtual Status StartUpload(const HostMemory& host) = 0;
-  /// Whether the upload started last has finished (its error if it failed); true when none.
-  virtual Result<bool> UploadDone() const = 0;
-  /// Blocks until the upload started last has finished, and forgets it; its status.
-  virtual Status WaitUpload() = 0;
+  /// returns once it has been read. The future is the copy's (device work).
+  virtual Future<> StartUpload(const HostMemory& host) = 0;
   /// Copies the device memory into `host`, blocking.
   virtual Status Download(const HostMemory& host) = 0;
 };

@@ -48,7 +48,7 @@ std::string LayoutHash(const std::vector<OptimizerTensor>& tensors, StatePrecisi
 
 struct OptimizerState::Slot {
   HostMemory images;  // one chunk's params, m and v images, laid out as on disk
-  IoFuture read, write;
+  Future<> read, write;
   std::byte* part(const std::array<uint64_t, 3>& offsets, int i) {
     return images.data() + offsets[i];
   }
@@ -80,9 +80,7 @@ Result<OptimizerStateOptions> OptimizerStateOptions::FromConfig(const Config& co
 
 OptimizerState::~OptimizerState() {
   for (auto& slot : slots_) {
-    for (IoFuture* f : {&slot->read, &slot->write}) {
-      if (f->valid()) f->Wait().IgnoreError();
-    }
+    for (Future<>* f : {&slot->read, &slot->write}) f->Wait().IgnoreError();
   }
 }
 
@@ -422,7 +420,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
                                     ", ", it.first + it.n, ")"));
     }
   };
-  auto wait = [&](IoFuture& f, size_t k, const char* what) {
+  auto wait = [&](Future<>& f, size_t k, const char* what) {
     if (!f.valid()) return;
     const auto t0 = Clock::now();
     note(f.Wait(), k, what);
@@ -442,12 +440,13 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     if (tracer != nullptr)
       tracer->Record(kStepTrack, StrCat(what, chunk_name(k)), t0, Clock::now());
   };
-  auto traced = [&](const char* what, size_t k) -> std::function<void(const Status&)> {
-    if (tracer == nullptr) return {};
-    return [tracer, track = StrCat("nvme slot ", k % buffers), start = Clock::now(),
-            name = StrCat(what, " ", chunk_name(k))](const Status&) {
+  auto traced = [&](Future<> io, const char* what, size_t k) -> Future<> {
+    if (tracer == nullptr) return io;
+    return io.Then([tracer, track = StrCat("nvme slot ", k % buffers), start = Clock::now(),
+                    name = StrCat(what, " ", chunk_name(k))](const Status& s) {
       tracer->Record(track, name, start, Clock::now());
-    };
+      return s;
+    });
   };
   std::vector<size_t> slot_item(buffers, 0);  // the item each slot holds
   auto start_reads = [&](size_t k) {
@@ -456,7 +455,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     if (!status.ok()) return;
     slot_item[k % buffers] = k;
     const auto [offset, len] = ItemRange(k);
-    slot.read = swap_->Read(from, offset, {slot.images.data(), len}, traced("read", k));
+    slot.read = traced(swap_->Read(from, offset, {slot.images.data(), len}), "read", k);
     stats->bytes_read += len;
   };
   // The first reads go out before the norm pass and the manifest update: they need neither.
@@ -470,7 +469,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     // Nothing has been written yet: a skipped or failed step leaves the state as it was.
     auto drain_reads = [&] {
       for (auto& slot : slots_) {
-        if (slot->read.valid()) slot->read.Wait().IgnoreError();
+        slot->read.Wait().IgnoreError();
       }
     };
     if (!scale) {  // overflow: the step is skipped
@@ -512,7 +511,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     note(swap_->Checksum(to, offset, data, options_.threads), k, "writing");
     if (!status.ok()) break;
     chunk_span("checksum ", k, checksum_start);
-    slot.write = swap_->Write(to, offset, data, traced("write", k));
+    slot.write = traced(swap_->Write(to, offset, data), "write", k);
     stats->bytes_written += len;
     if (!po.overlap_write) wait(slot.write, k, "writing");
   }

@@ -68,31 +68,16 @@ struct StoreEntry {
   // Threads moving its data with mu released (guarded by mu): while > 0 nobody else leases,
   // evicts, moves or unregisters it (they wait on Impl::idle).
   int busy = 0;
-  // Moves in flight (guarded by move_mu, not the store's mutex; lock order: mu, then move_mu).
-  // Nobody waits for the load while holding move_mu: its completion callback takes it.
+  // The last moves (guarded by move_mu, not the store's mutex; lock order: mu, then move_mu;
+  // waits take a copy and release it). A GPU copy filled while the host copy is loading is
+  // chained to the load: its upload starts on the I/O thread that finishes the load.
   std::mutex move_mu;
-  IoFuture load;             // NVMe -> host copy
-  bool load_waited = false;  // a thread took `load` and waits for it (AwaitLoad)
-  std::condition_variable load_cv;
-  Status load_status;
-  // The GPU copy is filled once the load is in: by the load's completion callback when the
-  // host copy is pinned (one DMA, it does not block), else by the GPU lease's Get. The upload
-  // in flight is the DeviceCopy's.
-  bool upload_after_load = false;
-  bool load_landed = false;  // the load's callback ran and the data is in the host copy
-  Status upload_status;      // of an upload the callback could not start
+  Future<> load;    // NVMe -> host copy
+  Future<> upload;  // host copy -> GPU copy
 
-  bool Loading() const { return load.valid() || load_waited; }  // move_mu held
+  bool Loading() const { return !load.Ready(); }  // move_mu held
 
   bool has_device() const { return home != Tier::kGpu && device != nullptr; }
-};
-
-struct LeaseState {
-  TensorStore* store = nullptr;
-  StoreEntry* entry = nullptr;
-  Access access = Access::kRead;
-  Tier at = Tier::kHost;
-  Status error;  // the request failed before any move
 };
 
 }  // namespace internal
@@ -210,12 +195,24 @@ struct TensorStore::Impl {
     }
   }
 
-  // Waits for an upload into e's GPU copy (mu not held).
-  static Status FinishUpload(StoreEntry& e) {
-    std::lock_guard move_lock(e.move_mu);
-    e.upload_after_load = false;
-    e.upload_status = Status::Ok();
-    return e.device->WaitUpload();
+  // Waits for e's last load (mu not held); its status.
+  static Status AwaitLoad(StoreEntry& e) {
+    Future<> load;
+    {
+      std::lock_guard move_lock(e.move_mu);
+      load = e.load;
+    }
+    return load.Wait();
+  }
+
+  // Waits for e's last upload into its GPU copy (mu not held); its status.
+  static Status AwaitUpload(StoreEntry& e) {
+    Future<> upload;
+    {
+      std::lock_guard move_lock(e.move_mu);
+      upload = e.upload;
+    }
+    return upload.Wait();
   }
 
   // The GPU copy's changes are now in the host copy (mu held).
@@ -239,7 +236,7 @@ struct TensorStore::Impl {
     if (!e.has_device()) return Status::Ok();
     const bool changed = e.device_dirty;
     ZO_RETURN_IF_ERROR(Unlocked(lock, e, [&e, changed] {
-      FinishUpload(e).IgnoreError();  // being dropped: its data no longer matters
+      AwaitUpload(e).IgnoreError();  // being dropped: its data no longer matters
       return changed ? e.device->Download(e.host) : Status::Ok();
     }));
     if (changed) Downloaded(e);
@@ -322,42 +319,16 @@ struct TensorStore::Impl {
       std::memset(e.host.data(), 0, e.bytes);
       return Status::Ok();
     }
-    auto on_done = [entry = &e](const Status& status) {
-      std::lock_guard move_lock(entry->move_mu);
-      entry->load_landed = status.ok();
-      if (!status.ok() || !entry->upload_after_load || !entry->host.pinned()) return;
-      entry->upload_after_load = false;
-      entry->upload_status = entry->device->StartUpload(entry->host);
-    };
     std::lock_guard move_lock(e.move_mu);
-    e.load_landed = false;
-    e.load = swap->Read(e.key, 0, {e.host.data(), e.bytes}, std::move(on_done));
-    e.load_status = Status::Ok();
+    e.load = swap->Read(e.key, 0, {e.host.data(), e.bytes});
     stats.bytes_read += e.bytes;
     return Status::Ok();
   }
 
-  // Waits for e's load, if any, with move_mu (held by `lock`) released meanwhile; its status.
-  static Status AwaitLoad(StoreEntry& e, std::unique_lock<std::mutex>& lock) {
-    if (e.load.valid()) {
-      IoFuture load = std::move(e.load);
-      e.load_waited = true;
-      lock.unlock();
-      const Status status = load.Wait();
-      lock.lock();
-      e.load_status = status;
-      e.load_waited = false;
-      e.load_cv.notify_all();
-    } else {
-      e.load_cv.wait(lock, [&e] { return !e.load_waited; });
-    }
-    return e.load_status;
-  }
-
   // Makes the GPU copy of a host or nvme tensor; fills it from the host copy unless it is to
-  // be overwritten: now, or, while the host copy is loading, when a GPU lease's Get finds the
-  // load in (mu held by `lock`, released while making room). A pageable host copy is read
-  // into staging before this returns (pinned copies, the default with a GPU, go in one DMA).
+  // be overwritten: now, or once the host copy's load is in (mu held by `lock`, released while
+  // making room). Pinned host copies (the default with a GPU) go in one DMA; a pageable one is
+  // read into staging before the upload's future exists (on the I/O thread when chained).
   Status Upload(std::unique_lock<std::mutex>& lock, StoreEntry& e, bool fill) {
     ZO_RETURN_IF_ERROR(DeviceCopiesAvailable(rt).WithContext("tensor store"));
     if (e.has_device()) {
@@ -372,15 +343,20 @@ struct TensorStore::Impl {
     if (!fill) return Status::Ok();
     stats.bytes_to_gpu += e.bytes;
     std::lock_guard move_lock(e.move_mu);
-    if (e.Loading() && !e.load_landed) {  // the load's callback or Get uploads
-      e.upload_after_load = true;
+    if (!e.load.valid()) {
+      e.upload = e.device->StartUpload(e.host);
       return Status::Ok();
     }
-    return e.device->StartUpload(e.host);
+    // After the load (at once when it is in); a failed load fails the upload. While the
+    // entry is leased or busy nobody drops the GPU copy or the host copy under it.
+    e.upload = e.load.Then([&e](const Status& loaded) {
+      return loaded.ok() ? e.device->StartUpload(e.host) : Future<>::Ready(loaded);
+    });
+    return Status::Ok();
   }
 };
 
-// ---- Lease and LeaseFuture ----------------------------------------------------------------
+// ---- Lease ------------------------------------------------------------------------------------
 
 Lease::~Lease() { Release(); }
 
@@ -437,71 +413,33 @@ void TensorStore::Release(Lease& lease) {
   }
 }
 
-LeaseFuture::~LeaseFuture() {
-  if (state_ != nullptr && state_->entry != nullptr && state_->error.ok()) {
-    // Never collected: give the lease back once the data has arrived.
-    Result<Lease> lease = Get();
-  }
-}
-LeaseFuture::LeaseFuture(LeaseFuture&&) noexcept = default;
-LeaseFuture& LeaseFuture::operator=(LeaseFuture&&) noexcept = default;
-
-bool LeaseFuture::Ready() const {
-  if (state_ == nullptr || !state_->error.ok()) return true;
-  StoreEntry& e = *state_->entry;
-  std::lock_guard move_lock(e.move_mu);
-  if (e.load_waited || (e.load.valid() && !e.load.Ready())) return false;
-  if (state_->at == Tier::kGpu && e.has_device()) {
-    if (e.upload_after_load) return false;
-    const Result<bool> done = e.device->UploadDone();
-    return !done.ok() || *done;
-  }
-  return true;
-}
-
-Result<Lease> LeaseFuture::Get() {
-  if (state_ == nullptr) return FailedPreconditionError("LeaseFuture: no request (or taken)");
-  std::unique_ptr<internal::LeaseState> state = std::move(state_);
-  if (!state->error.ok()) return state->error;
-  StoreEntry& e = *state->entry;
-  TensorStore::Impl& s = *state->store->impl_;
-  Status loaded, uploaded;
-  {
-    std::unique_lock move_lock(e.move_mu);
-    loaded = TensorStore::Impl::AwaitLoad(e, move_lock);
-    if (state->at == Tier::kGpu && e.has_device() && loaded.ok()) {
-      uploaded = std::exchange(e.upload_status, Status::Ok());
-      if (uploaded.ok() && e.upload_after_load) {
-        e.upload_after_load = false;
-        uploaded = e.device->StartUpload(e.host);
-      }
-      if (uploaded.ok()) uploaded = e.device->WaitUpload();
-    }
-  }
+Result<Lease> TensorStore::FinishLease(StoreEntry& e, Tier at, Access access, const Status& moved) {
+  Impl& s = *impl_;
   Lease lease;
-  lease.store_ = state->store;
+  lease.store_ = this;
   lease.entry_ = &e;
   lease.size_ = e.bytes;
   lease.dtype_ = e.dtype;
-  lease.access_ = state->access;
-  lease.where_ = state->at;
-  lease.data_ = state->at == Tier::kGpu ? e.device->data() : e.host.data();
-  if (loaded.ok() && uploaded.ok()) return lease;
+  lease.access_ = access;
+  lease.where_ = at;
+  lease.data_ = at == Tier::kGpu ? e.device->data() : e.host.data();
+  if (moved.ok()) return lease;
   lease.store_ = nullptr;
+  const Status loaded = Impl::AwaitLoad(e);  // in already: the moves have finished
   {
     // The failed copy is dropped (once, by whoever sees it first); the home stays. The lease
     // keeps the entry registered while this waits for other moves of it.
     std::unique_lock lock(s.mu);
     s.idle.wait(lock, [&e] { return e.busy == 0; });
-    EndLease(e, state->at, state->access);
+    EndLease(e, at, access);
     s.DropDevice(lock, e).IgnoreError();  // a GPU copy of this tensor was never filled
     if (!loaded.ok() && e.home == Tier::kNvme && !e.host.empty()) {
       s.host_used -= e.bytes;
       e.host.Reset();
     }
   }
-  return (loaded.ok() ? uploaded : loaded)
-      .WithContext(StrCat("tensor store: ", loaded.ok() ? "uploading '" : "loading '", e.key, "'"));
+  return moved.WithContext(
+      StrCat("tensor store: ", loaded.ok() ? "uploading '" : "loading '", e.key, "'"));
 }
 
 // ---- TensorStore --------------------------------------------------------------------------
@@ -509,9 +447,8 @@ Result<Lease> LeaseFuture::Get() {
 TensorStore::TensorStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TensorStore::~TensorStore() {
   for (auto& [key, e] : impl_->entries) {
-    std::unique_lock move_lock(e->move_mu);
-    Impl::AwaitLoad(*e, move_lock).IgnoreError();
-    if (e->device != nullptr) e->device->WaitUpload().IgnoreError();
+    Impl::AwaitLoad(*e).IgnoreError();
+    Impl::AwaitUpload(*e).IgnoreError();
   }
 }
 
@@ -581,9 +518,8 @@ Status TensorStore::Unregister(const std::string& key) {
     return FailedPreconditionError(StrCat("tensor store: '", key, "' is leased"));
   }
   s.Unlocked(lock, e, [&e] {
-     std::unique_lock move_lock(e.move_mu);
-     Impl::AwaitLoad(e, move_lock).IgnoreError();
-     if (e.device != nullptr) e.device->WaitUpload().IgnoreError();
+     Impl::AwaitLoad(e).IgnoreError();
+     Impl::AwaitUpload(e).IgnoreError();
      return Status::Ok();
    }).IgnoreError();
   // Nobody leased it meanwhile (it was busy), and it is not busy now.
@@ -594,36 +530,28 @@ Status TensorStore::Unregister(const std::string& key) {
   return Status::Ok();
 }
 
-LeaseFuture TensorStore::Acquire(const std::string& key, Access access, std::optional<Tier> at) {
+Future<Lease> TensorStore::Acquire(const std::string& key, Access access, std::optional<Tier> at) {
   Impl& s = *impl_;
-  LeaseFuture future;
-  future.state_ = std::make_unique<internal::LeaseState>();
-  internal::LeaseState& state = *future.state_;
-  state.store = this;
-  state.access = access;
   std::unique_lock lock(s.mu);
   StoreEntry* found = s.FindIdle(lock, key);
   if (found == nullptr) {
-    state.error = NotFoundError(StrCat("tensor store: no tensor '", key, "'"));
-    return future;
+    return Future<Lease>::Ready(NotFoundError(StrCat("tensor store: no tensor '", key, "'")));
   }
   StoreEntry& e = *found;
-  state.at = at.value_or(e.home == Tier::kGpu ? Tier::kGpu : Tier::kHost);
-  if (state.at == Tier::kNvme || (e.home == Tier::kGpu && state.at == Tier::kHost)) {
-    state.error =
+  const Tier where = at.value_or(e.home == Tier::kGpu ? Tier::kGpu : Tier::kHost);
+  if (where == Tier::kNvme || (e.home == Tier::kGpu && where == Tier::kHost)) {
+    return Future<Lease>::Ready(
         InvalidArgumentError(StrCat("tensor store: '", key, "' (home ", ToString(e.home),
-                                    ") cannot be leased at ", ToString(state.at),
+                                    ") cannot be leased at ", ToString(where),
                                     ": leases are in GPU memory, or in host memory for host and "
-                                    "nvme tensors"));
-    return future;
+                                    "nvme tensors")));
   }
-  const bool on_gpu = state.at == Tier::kGpu;
+  const bool on_gpu = where == Tier::kGpu;
   const int elsewhere = on_gpu ? e.host_leases : e.gpu_leases;
   if (elsewhere > 0 && (access != Access::kRead || e.writers > 0)) {
-    state.error = FailedPreconditionError(
+    return Future<Lease>::Ready(FailedPreconditionError(
         StrCat("tensor store: '", key, "' is leased in ", on_gpu ? "host" : "GPU",
-               " memory; a lease that writes must be the tensor's only place"));
-    return future;
+               " memory; a lease that writes must be the tensor's only place")));
   }
   s.NoteAccess(key);
   Status st;
@@ -638,15 +566,19 @@ LeaseFuture TensorStore::Acquire(const std::string& key, Access access, std::opt
     if (st.ok() && access != Access::kRead) st = s.DropDevice(lock, e);
   }
   if (--e.busy == 0) s.idle.notify_all();
-  if (!st.ok()) {
-    state.error = st;
-    return future;
-  }
+  if (!st.ok()) return Future<Lease>::Ready(st);
   e.last_use = s.tick;
   ++(on_gpu ? e.gpu_leases : e.host_leases);
   if (access != Access::kRead) ++e.writers;
-  state.entry = &e;
-  return future;
+  Future<> moves;  // what the lease waits for
+  {
+    std::lock_guard move_lock(e.move_mu);
+    moves = on_gpu && e.has_device() ? e.upload : e.load;
+  }
+  // Finished by the thread that collects the lease: a failed move's clean-up blocks.
+  return DeferredFuture<Lease>(std::move(moves), [this, &e, where, access](const Status& moved) {
+    return FinishLease(e, where, access, moved);
+  });
 }
 
 void TensorStore::Prefetch(const std::string& key, std::optional<Tier> at) {

@@ -1,5 +1,6 @@
 #include "gpu/copy_engine.h"
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -47,13 +48,19 @@ TEST_P(CopyEngineTest, PinnedRoundTrip) {
   std::memcpy(up->data(), data.data(), n);
   std::memset(down->data(), 0xAB, n + 1);
   DeviceBuffer device = testing::Poisoned(n);
-  auto h2d = engine_->HostToDevice(device.data(), up->data(), n);
-  ASSERT_TRUE(h2d.ok()) << h2d.status();
+  Future<> h2d = engine_->HostToDevice(device.data(), up->data(), n);
   // The download waits for the upload on the device, not on the host.
-  ASSERT_TRUE(h2d->OrderBefore(engine_->stream(CopyEngine::Direction::kDeviceToHost)).ok());
-  auto d2h = engine_->DeviceToHost(down->data(), device.data(), n);
-  ASSERT_TRUE(d2h.ok()) << d2h.status();
-  ASSERT_TRUE(d2h->Wait().ok());
+  ASSERT_TRUE(h2d.OrderBefore(engine_->stream(CopyEngine::Direction::kDeviceToHost)).ok());
+  Future<> d2h = engine_->DeviceToHost(down->data(), device.data(), n);
+  // A chained callback runs once the download is in host memory.
+  std::atomic<bool> seen{false};
+  Future<> checked = d2h.Then([&](const Status& s) {
+    seen = s.ok() && std::memcmp(down->data(), data.data(), n) == 0;
+    return s;
+  });
+  ASSERT_TRUE(d2h.Wait().ok());
+  ASSERT_TRUE(checked.Wait().ok());
+  EXPECT_TRUE(seen.load()) << "the callback ran before the data was in";
   EXPECT_EQ(std::memcmp(down->data(), data.data(), n), 0);
   EXPECT_EQ(down->as<uint8_t>()[n], 0xAB) << "wrote past the end";
 }
@@ -67,9 +74,8 @@ TEST_P(CopyEngineTest, PageableRoundTripThroughStaging) {
     if (offset > 0 && n < 2) continue;
     const size_t len = n - offset;
     auto* dev = static_cast<uint8_t*>(device.data()) + offset;
-    auto up = engine_->HostToDeviceStaged(dev, data.data() + offset, len);
-    ASSERT_TRUE(up.ok()) << up.status();
-    ASSERT_TRUE(up->OrderBefore(engine_->stream(CopyEngine::Direction::kDeviceToHost)).ok());
+    Future<> up = engine_->HostToDeviceStaged(dev, data.data() + offset, len);
+    ASSERT_TRUE(up.OrderBefore(engine_->stream(CopyEngine::Direction::kDeviceToHost)).ok());
     ASSERT_TRUE(engine_->DeviceToHostStaged(back.data() + offset, dev, len).ok());
     EXPECT_EQ(std::memcmp(back.data() + offset, data.data() + offset, len), 0) << offset;
     EXPECT_EQ(back[n], 0xCD) << "wrote past the end";
@@ -96,16 +102,15 @@ TEST(CopyEngineOrderTest, BothDirectionsAtOnceAndCallerStreamOrdering) {
   ASSERT_TRUE(caller.ok());
   // The caller's stream produces what is downloaded; the download must start after it.
   ZO_ASSERT_CUDA(cudaMemsetAsync(down_dev.data(), 0x5A, kBytes, caller->get()));
-  auto up = (*engine)->HostToDevice(up_dev.data(), up_src->data(), kBytes);
-  auto down = (*engine)->DeviceToHost(down_dst->data(), down_dev.data(), kBytes, caller->get());
-  ASSERT_TRUE(up.ok() && down.ok());
+  Future<> up = (*engine)->HostToDevice(up_dev.data(), up_src->data(), kBytes);
+  Future<> down = (*engine)->DeviceToHost(down_dst->data(), down_dev.data(), kBytes, caller->get());
   // The caller's stream then consumes the upload.
-  ASSERT_TRUE(up->OrderBefore(caller->get()).ok());
+  ASSERT_TRUE(up.OrderBefore(caller->get()).ok());
   std::vector<uint8_t> check(kBytes);
   ZO_ASSERT_CUDA(
       cudaMemcpyAsync(check.data(), up_dev.data(), kBytes, cudaMemcpyDeviceToHost, caller->get()));
   ASSERT_TRUE(caller->Synchronize().ok());
-  ASSERT_TRUE(down->Wait().ok());
+  ASSERT_TRUE(down.Wait().ok());
   EXPECT_EQ(std::vector<uint8_t>(down_dst->as<uint8_t>(), down_dst->as<uint8_t>() + kBytes),
             std::vector<uint8_t>(kBytes, 0x5A));
   EXPECT_EQ(check, std::vector<uint8_t>(kBytes, 0x11));

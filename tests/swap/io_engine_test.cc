@@ -120,13 +120,13 @@ TEST_P(IoEngineTest, ManyConcurrentRequests) {
   auto dst = AlignedBuffer::Allocate(kRequests * kLen, 4096);
   FillRandom(src->data(), src->size(), 3);
   std::memset(dst->data(), 0, dst->size());
-  std::vector<IoFuture> writes;
+  std::vector<Future<>> writes;
   for (int i = 0; i < kRequests; ++i) {
     writes.push_back(
         engine->Submit(IoOp::kWrite, {{*file, i * kLen, src->data() + i * kLen, kLen}}, "w"));
   }
   for (auto& f : writes) ASSERT_TRUE(f.Wait().ok());
-  std::vector<IoFuture> reads;
+  std::vector<Future<>> reads;
   for (int i = kRequests - 1; i >= 0; --i) {
     reads.push_back(
         engine->Submit(IoOp::kRead, {{*file, i * kLen, dst->data() + i * kLen, kLen}}, "r"));

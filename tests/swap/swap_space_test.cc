@@ -277,7 +277,7 @@ TEST_P(SwapSpaceTest, CrashMidWriteLeavesTheTensorInterruptedOnReopen) {
     auto swap = SwapSpace::Open(o);
     if (!swap.ok()) ::_exit(2);
     const auto v2 = RandomBytes(8 * kBlock, 2);
-    IoFuture f = (*swap)->Write("w", 0, v2);
+    Future<> f = (*swap)->Write("w", 0, v2);
     const char c = 'x';
     if (::write(ready[1], &c, 1) != 1) ::_exit(3);
     ::pause();

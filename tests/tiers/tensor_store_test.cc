@@ -416,7 +416,7 @@ TEST_F(TensorStoreGpu, PrefetchToTheGpuUploadsWhenTheReadCompletes) {
   ASSERT_TRUE(store.ok());
   ASSERT_TRUE((*store)->Register("w", DType::kFp32, kElements, Tier::kNvme).ok());
   (*store)->Prefetch("w", Tier::kGpu);
-  LeaseFuture future = (*store)->Acquire("w", Access::kRead, Tier::kGpu);
+  Future<Lease> future = (*store)->Acquire("w", Access::kRead, Tier::kGpu);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (!future.Ready() && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

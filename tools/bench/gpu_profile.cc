@@ -91,13 +91,9 @@ Result<std::vector<GpuRecord>> RunPcieBench(const GpuBenchOptions& o) {
                peak_both = n / peak_both_s / 1e9;
 
   auto ours = [&](bool h2d, bool d2h) -> Status {
-    CopyToken a, b;
-    if (h2d) {
-      ZO_ASSIGN_OR_RETURN(a, engine->HostToDevice(dev_a.data(), up.data(), n));
-    }
-    if (d2h) {
-      ZO_ASSIGN_OR_RETURN(b, engine->DeviceToHost(down.data(), dev_b.data(), n));
-    }
+    Future<> a, b;
+    if (h2d) a = engine->HostToDevice(dev_a.data(), up.data(), n);
+    if (d2h) b = engine->DeviceToHost(down.data(), dev_b.data(), n);
     ZO_RETURN_IF_ERROR(a.Wait());
     return b.Wait();
   };
@@ -123,10 +119,8 @@ Result<std::vector<GpuRecord>> RunPcieBench(const GpuBenchOptions& o) {
                       MedianSeconds(o.repeats, [&] { return direct(cudaMemcpyHostToDevice); }));
   ZO_ASSIGN_OR_RETURN(const double direct_d2h_s,
                       MedianSeconds(o.repeats, [&] { return direct(cudaMemcpyDeviceToHost); }));
-  ZO_ASSIGN_OR_RETURN(s, MedianSeconds(o.repeats, [&]() -> Status {
-                        ZO_ASSIGN_OR_RETURN(CopyToken t, engine->HostToDeviceStaged(
-                                                             dev_a.data(), pageable.data(), n));
-                        return t.Wait();
+  ZO_ASSIGN_OR_RETURN(s, MedianSeconds(o.repeats, [&] {
+                        return engine->HostToDeviceStaged(dev_a.data(), pageable.data(), n).Wait();
                       }));
   out.push_back(Record("pcie", "pageable_h2d", n, s, "direct pageable cudaMemcpyAsync",
                        n / direct_h2d_s / 1e9));

@@ -81,7 +81,7 @@ class DiskProbe {
       IoOp op;
       uint64_t begin, len, slot0;
       uint64_t next = 0;
-      std::vector<IoFuture> inflight = {};
+      std::vector<Future<>> inflight = {};
     };
     std::vector<Stream> streams;
     for (const auto& [op, begin, len, slot0] : specs) {
