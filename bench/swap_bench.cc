@@ -12,7 +12,7 @@
 #include "swap/crc32c.h"
 #include "swap/swap_space.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 constexpr uint64_t kBytes = 256 << 20;
@@ -64,6 +64,6 @@ void BM_Crc32c(benchmark::State& state) {
 BENCHMARK(BM_Crc32c);
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal
 
 BENCHMARK_MAIN();

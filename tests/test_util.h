@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-namespace zoffload::testing {
+namespace zoffload::internal::testing {
 
 /// A fresh directory under $TMPDIR (or /tmp), removed with everything in it on destruction.
 class TempDir {
@@ -38,9 +38,9 @@ class TempDir {
   std::string path_;
 };
 
-}  // namespace zoffload::testing
+}  // namespace zoffload::internal::testing
 
-namespace zoffload::testing {
+namespace zoffload::internal::testing {
 
 /// What a command printed (stdout and stderr) and its exit code (-1 if it did not exit).
 struct CommandResult {
@@ -75,4 +75,4 @@ inline void FillRandom(void* data, size_t len, uint64_t seed) {
   for (; i < len; ++i) p[i] = static_cast<unsigned char>(i * 131 + seed);
 }
 
-}  // namespace zoffload::testing
+}  // namespace zoffload::internal::testing

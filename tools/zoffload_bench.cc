@@ -31,7 +31,7 @@
 #include "gpu/gpu_info.h"
 #endif
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 namespace {
 
 constexpr const char* kUsage =
@@ -741,10 +741,10 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench
 
 int main(int argc, char** argv) {
   // Line-buffered even into a pipe, so tables and stderr progress lines appear in order.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  return zoffload::bench::Main(argc, argv);
+  return zoffload::internal::bench::Main(argc, argv);
 }

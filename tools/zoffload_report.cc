@@ -24,7 +24,7 @@
 #include "gpu/gpu_info.h"
 #endif
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 using Json = nlohmann::ordered_json;
@@ -255,6 +255,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal
 
-int main(int argc, char** argv) { return zoffload::Main(argc, argv); }
+int main(int argc, char** argv) { return zoffload::internal::Main(argc, argv); }

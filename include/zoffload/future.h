@@ -62,6 +62,10 @@ class DeviceSignal {
   virtual Status Notify(std::function<void()> fn) = 0;
 };
 
+Future<void> DeviceFuture(std::unique_ptr<DeviceSignal> signal);
+template <typename T, typename Finish>
+Future<T> DeferredFuture(Future<> after, Finish finish);
+
 template <typename T>
 struct FutureState {
   std::mutex mu;
@@ -263,9 +267,9 @@ class [[nodiscard]] Future {
   friend class Future;
   template <typename>
   friend class Promise;
-  friend Future<void> DeviceFuture(std::unique_ptr<internal::DeviceSignal>);
+  friend Future<void> internal::DeviceFuture(std::unique_ptr<internal::DeviceSignal>);
   template <typename U, typename Finish>
-  friend Future<U> DeferredFuture(Future<> after, Finish finish);
+  friend Future<U> internal::DeferredFuture(Future<> after, Finish finish);
 
   explicit Future(std::shared_ptr<internal::FutureState<T>> state) : state_(std::move(state)) {
     if (state_ != nullptr) ++state_->handles;
@@ -293,7 +297,9 @@ class Promise {
   std::shared_ptr<internal::FutureState<T>> state_;
 };
 
-/// A future finished by device work (internal: CopyEngine makes them).
+namespace internal {
+
+/// A future finished by device work (CopyEngine makes them).
 inline Future<void> DeviceFuture(std::unique_ptr<internal::DeviceSignal> signal) {
   auto state = std::make_shared<internal::FutureState<void>>();
   state->device = std::move(signal);
@@ -315,4 +321,5 @@ Future<T> DeferredFuture(Future<> after, Finish finish) {
   return Future<T>(std::move(state));
 }
 
+}  // namespace internal
 }  // namespace zoffload

@@ -30,7 +30,10 @@
 
 namespace zoffload {
 
+namespace internal {
 class IoBackend;
+class Runtime;
+}  // namespace internal
 
 struct RuntimeOptions {
   /// Swap directories (needed once anything lives on NVMe).
@@ -46,7 +49,8 @@ struct RuntimeOptions {
   int device = 0;          ///< the GPU of device memory, pinned memory and the copy streams
   std::string trace_path;  ///< when non-empty, a Chrome trace is written here at the end
   /// Test hook at the I/O seam (fault injection): wraps each I/O thread's backend.
-  std::function<std::unique_ptr<IoBackend>(std::unique_ptr<IoBackend>)> wrap_backend;
+  std::function<std::unique_ptr<internal::IoBackend>(std::unique_ptr<internal::IoBackend>)>
+      wrap_backend;
 
   /// From a config: zoffload.nvme_paths (else offload_optimizer.nvme_path, else
   /// offload_param.nvme_path), aio, zoffload.budgets (host: host_bytes, else
@@ -71,12 +75,11 @@ class RuntimeContext {
   Stats stats() const;
 
   /// The internal side (src/tiers/runtime_context.h): swap space, pools, copy engine.
-  class Impl;
-  Impl& impl() const { return *impl_; }
+  internal::Runtime& impl() const { return *impl_; }
 
  private:
-  explicit RuntimeContext(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  explicit RuntimeContext(std::unique_ptr<internal::Runtime> impl);
+  std::unique_ptr<internal::Runtime> impl_;
 };
 
 }  // namespace zoffload

@@ -10,7 +10,7 @@
 
 #include "common/strings.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 AlignedBuffer::~AlignedBuffer() { std::free(data_); }
 
@@ -66,4 +66,4 @@ Result<AlignedBuffer> AlignedBuffer::Allocate(size_t size, size_t alignment, boo
   return buffer;
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

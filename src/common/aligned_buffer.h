@@ -9,7 +9,7 @@
 
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 /// `v` rounded up to a multiple of `to` (> 0).
 constexpr uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
@@ -52,4 +52,4 @@ class AlignedBuffer {
   size_t alignment_ = 0;
 };
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

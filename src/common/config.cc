@@ -23,6 +23,12 @@
 #include "common/strings.h"
 
 namespace zoffload {
+
+using internal::EditDistance;
+using internal::ParseByteSize;
+using internal::StatusFromErrno;
+using internal::StrCat;
+
 namespace {
 
 using Json = nlohmann::json;

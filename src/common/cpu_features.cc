@@ -3,7 +3,7 @@
 #include <hwy/highway.h>
 #include <hwy/targets.h>
 
-namespace zoffload {
+namespace zoffload::internal {
 
 std::vector<SimdTarget> SimdTargets() {
   std::vector<SimdTarget> targets;
@@ -23,4 +23,4 @@ std::string BestSimdTarget() {
   return "none";
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace zoffload {
+namespace zoffload::internal {
 
 struct SimdTarget {
   std::string name;  ///< Highway's name ("AVX3", "AVX2", "EMU128", ...)
@@ -18,4 +18,4 @@ std::vector<SimdTarget> SimdTargets();
 /// The best target both compiled and supported: what HWY_DYNAMIC_DISPATCH picks.
 std::string BestSimdTarget();
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -5,7 +5,7 @@
 
 #include "common/strings.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 StatusCode StatusCodeFromErrno(int err) {
   switch (err) {
@@ -73,4 +73,4 @@ Status StatusFromUringRes(int res, std::string_view context) {
   return StatusFromErrno(-res, context);
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

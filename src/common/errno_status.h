@@ -8,7 +8,7 @@
 
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 /// Status for a libc failure: `err` is the positive errno. `context` says what was being
 /// done to what ("open /mnt/nvme/x.swp").
@@ -20,4 +20,4 @@ Status StatusFromUringRes(int res, std::string_view context);
 /// The code an errno maps to (ENOENT -> kNotFound, ENOSPC -> kResourceExhausted, ...).
 StatusCode StatusCodeFromErrno(int err);
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

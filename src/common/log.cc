@@ -6,7 +6,7 @@
 #include <set>
 #include <string>
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 LogLevel Threshold() {
@@ -58,4 +58,4 @@ void LogOnce(LogLevel level, std::string_view key, std::string_view message) {
   Log(level, message);
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

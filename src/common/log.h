@@ -6,7 +6,7 @@
 
 #include <string_view>
 
-namespace zoffload {
+namespace zoffload::internal {
 
 enum class LogLevel { kDebug, kInfo, kWarning, kError };
 
@@ -17,4 +17,4 @@ void Log(LogLevel level, std::string_view message);
 /// Like Log, but only the first call with a given `key` prints.
 void LogOnce(LogLevel level, std::string_view key, std::string_view message);
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

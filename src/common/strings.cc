@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-namespace zoffload {
+namespace zoffload::internal {
 
 std::string HumanBytes(uint64_t bytes) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
@@ -69,4 +69,4 @@ size_t EditDistance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

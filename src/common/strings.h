@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-namespace zoffload {
+namespace zoffload::internal {
 
 /// Concatenates the streamed forms of `args`.
 template <typename... Args>
@@ -26,4 +26,4 @@ bool ParseByteSize(std::string_view text, uint64_t* bytes);
 /// Levenshtein distance between two short strings (for "did you mean" hints).
 size_t EditDistance(std::string_view a, std::string_view b);
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -12,7 +12,7 @@
 #include "common/errno_status.h"
 #include "common/strings.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 struct Topology::Impl {
   hwloc_topology_t topology = nullptr;
@@ -151,4 +151,4 @@ Status Topology::BindThisThreadMemoryToNumaNode(int node) const {
   return Status::Ok();
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

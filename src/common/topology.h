@@ -11,7 +11,7 @@
 
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 class Topology {
  public:
@@ -54,4 +54,4 @@ class Topology {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -9,7 +9,7 @@
 #include "common/log.h"
 #include "common/strings.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 Tracer::Tracer(std::string path) : path_(std::move(path)) {}
 
@@ -63,4 +63,4 @@ Status Tracer::Write() {
   return Status::Ok();
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

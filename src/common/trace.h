@@ -16,7 +16,7 @@
 
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 class Tracer {
  public:
@@ -50,4 +50,4 @@ class Tracer {
   std::vector<Event> events_;
 };
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

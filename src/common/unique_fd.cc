@@ -7,7 +7,7 @@
 #include "common/errno_status.h"
 #include "common/strings.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 Result<UniqueFd> UniqueFd::Open(const std::string& path, int flags, mode_t mode) {
   int fd;
@@ -30,4 +30,4 @@ Status UniqueFd::Close() {
   return Status::Ok();
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -10,7 +10,7 @@
 
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 class UniqueFd {
  public:
@@ -46,4 +46,4 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -18,6 +18,14 @@
 #include "cpu_adam/adam_kernels.h"
 
 namespace zoffload {
+
+using internal::BestSimdTarget;
+using internal::LogLevel;
+using internal::LogOnce;
+using internal::StrCat;
+using internal::Topology;
+using internal::Tracer;
+
 namespace internal {
 
 AdamCoefficients MakeAdamCoefficients(const AdamHyper& h) {

@@ -32,9 +32,9 @@ struct DevicePath::Slot {
   Future<> uploaded;
 };
 
-Result<std::unique_ptr<DevicePath>> DevicePath::Create(RuntimeContext::Impl& rt,
-                                                       uint64_t bucket_bytes, int slots,
-                                                       uint64_t slot_bytes, Landed landed) {
+Result<std::unique_ptr<DevicePath>> DevicePath::Create(Runtime& rt, uint64_t bucket_bytes,
+                                                       int slots, uint64_t slot_bytes,
+                                                       Landed landed) {
   std::unique_ptr<DevicePath> path(new DevicePath());
   path->rt_ = &rt;
   path->landed_ = std::move(landed);

@@ -45,8 +45,8 @@ class DevicePath {
 
   /// A ring of two buckets of `bucket_bytes` (device), `slots` staging slots of `slot_bytes`
   /// (pinned).
-  static Result<std::unique_ptr<DevicePath>> Create(RuntimeContext::Impl& rt, uint64_t bucket_bytes,
-                                                    int slots, uint64_t slot_bytes, Landed landed);
+  static Result<std::unique_ptr<DevicePath>> Create(Runtime& rt, uint64_t bucket_bytes, int slots,
+                                                    uint64_t slot_bytes, Landed landed);
   ~DevicePath();
 
   /// The CUDA device `ptr` points into, or -1 for host memory.
@@ -79,7 +79,7 @@ class DevicePath {
   struct Slot;
   DevicePath() = default;
 
-  RuntimeContext::Impl* rt_ = nullptr;
+  Runtime* rt_ = nullptr;
   DeviceMemory ring_;
   uint64_t head_ = 0;             // where the next piece goes in the ring
   std::deque<Region> in_flight_;  // pieces being copied down, newest last

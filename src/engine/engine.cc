@@ -22,6 +22,18 @@
 #endif
 
 namespace zoffload {
+
+using internal::AlignedBuffer;
+using internal::HostMemory;
+using internal::OptimizerState;
+using internal::OptimizerStateOptions;
+using internal::OptimizerTensor;
+using internal::ParamSink;
+using internal::StepStats;
+using internal::StrCat;
+using internal::TensorGrads;
+using internal::Tracer;
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -94,7 +106,7 @@ struct OffloadEngine::Impl : public ParamSink {
   Config config;
   EngineOptions options;
   std::unique_ptr<RuntimeContext> own_context;  // when the caller gave none
-  RuntimeContext::Impl* rt = nullptr;
+  internal::Runtime* rt = nullptr;
   std::vector<Param> params;
   std::map<std::string, size_t, std::less<>> index;
   std::vector<ParamGroup> groups;

@@ -8,7 +8,7 @@
 #include "common/strings.h"
 #include "gpu/cuda_status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 Result<std::unique_ptr<CopyEngine>> CopyEngine::Create(PinnedPool& pool,
                                                        const CopyEngineOptions& options) {
@@ -145,4 +145,4 @@ Status CopyEngine::DeviceToHostStaged(void* host_dst, const void* device_src, si
   return status;
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -27,7 +27,7 @@
 #include "zoffload/future.h"
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 struct CopyEngineOptions {
   size_t chunk_bytes = size_t{8} << 20;  ///< staging buffer size, bytes
@@ -85,4 +85,4 @@ class CopyEngine {
   Lane h2d_, d2h_;
 };
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

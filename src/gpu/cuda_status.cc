@@ -2,7 +2,7 @@
 
 #include "common/strings.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 Status CudaStatus(cudaError_t err, const char* expr, const char* file, int line) {
   cudaGetLastError();  // Clear the (non-sticky) error so it is reported only once.
@@ -37,4 +37,4 @@ Status NcclStatus(ncclResult_t res, const char* expr, const char* file, int line
                        detail != nullptr && detail[0] != '\0' ? StrCat(" (", detail, ")") : ""));
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -8,7 +8,7 @@
 #include "common/strings.h"
 #include "gpu/cuda_status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 DeviceBuffer::~DeviceBuffer() {
   if (data_ != nullptr) {
@@ -45,4 +45,4 @@ Result<DeviceBuffer> DeviceBuffer::Allocate(size_t bytes) {
   return DeviceBuffer(data, bytes);
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -7,7 +7,7 @@
 
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 class DeviceBuffer {
  public:
@@ -35,4 +35,4 @@ class DeviceBuffer {
   size_t size_ = 0;
 };
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

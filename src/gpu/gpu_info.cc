@@ -10,7 +10,7 @@
 #include "common/strings.h"
 #include "gpu/cuda_status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 std::string ReadSysfsLine(const std::string& path) {
@@ -83,4 +83,4 @@ Result<GpuReport> ProbeGpus() {
   return report;
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -7,7 +7,7 @@
 
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 struct GpuDeviceInfo {
   int index = 0;
@@ -43,4 +43,4 @@ Result<std::string> NcclVersion();
 /// CUDA runtime version this library was built against (e.g. 13000).
 int CudaRuntimeVersion();
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -11,7 +11,7 @@
 #include "cpu_adam/adam_math.h"
 #include "gpu/cuda_status.h"
 
-namespace zoffload::gpu {
+namespace zoffload::internal::gpu {
 namespace {
 
 constexpr int kThreads = 256;
@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kThreads) NormKernel(const NormLaunch launch, 
 struct AdamLaunch {
   GpuAdamTensor tensors[kAdamTensorsPerLaunch];
   int count;
-  internal::AdamCoefficients c;
+  AdamCoefficients c;
   float loss_scale;
   float max_grad_norm;
   const DeviceGradNorm* norm;
@@ -282,8 +282,8 @@ struct AdamLaunch {
 
 // The CPU kernel's operations (src/cpu_adam/adam_kernels.cc, Update), each IEEE-rounded and
 // never contracted differently: the same inputs give the same bits.
-__device__ __forceinline__ void AdamOne(const internal::AdamCoefficients& c, float gs, float g,
-                                        float& m, float& v, float& p) {
+__device__ __forceinline__ void AdamOne(const AdamCoefficients& c, float gs, float g, float& m,
+                                        float& v, float& p) {
   g = __fmul_rn(g, gs);
   g = __fmaf_rn(c.l2, p, g);
   m = __fmaf_rn(m, c.beta1, __fmul_rn(g, c.one_minus_beta1));
@@ -304,10 +304,10 @@ __global__ void __launch_bounds__(kThreads) AdamKernel(const AdamLaunch launch) 
   }
   double grad_norm;
   float clip_coef;
-  const float gs = internal::ClipAndUnscale(raw_norm, launch.loss_scale,
-                                            launch.norm != nullptr ? launch.max_grad_norm : 0.0f,
-                                            &grad_norm, &clip_coef);
-  const internal::AdamCoefficients c = launch.c;
+  const float gs =
+      ClipAndUnscale(raw_norm, launch.loss_scale,
+                     launch.norm != nullptr ? launch.max_grad_norm : 0.0f, &grad_norm, &clip_coef);
+  const AdamCoefficients c = launch.c;
   const size_t tid = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (int t = 0; t < launch.count; ++t) {
@@ -469,7 +469,7 @@ Status GpuAdam(std::span<const GpuAdamTensor> tensors, const GpuAdamStep& step,
                                                   : AdamKernelFor<DType::kFp32>(step.copy);
   for (size_t first = 0; first < tensors.size();) {
     AdamLaunch launch{};
-    launch.c = internal::MakeAdamCoefficients(step.hyper);
+    launch.c = MakeAdamCoefficients(step.hyper);
     launch.loss_scale = step.loss_scale;
     launch.max_grad_norm = step.max_grad_norm;
     launch.norm = step.norm;
@@ -486,4 +486,4 @@ Status GpuAdam(std::span<const GpuAdamTensor> tensors, const GpuAdamStep& step,
   return Status::Ok();
 }
 
-}  // namespace zoffload::gpu
+}  // namespace zoffload::internal::gpu

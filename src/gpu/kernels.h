@@ -18,7 +18,7 @@
 #include "zoffload/cpu_adam.h"
 #include "zoffload/status.h"
 
-namespace zoffload::gpu {
+namespace zoffload::internal::gpu {
 
 /// dst[i] = src[i] for i < n: fp32 to bf16/fp16 or bf16/fp16 to fp32.
 Status Cast(const void* src, DType src_type, void* dst, DType dst_type, size_t n,
@@ -89,4 +89,4 @@ struct GpuAdamStep {
 Status GpuAdam(std::span<const GpuAdamTensor> tensors, const GpuAdamStep& step,
                cudaStream_t stream);
 
-}  // namespace zoffload::gpu
+}  // namespace zoffload::internal::gpu

@@ -7,7 +7,7 @@
 #include "common/strings.h"
 #include "gpu/cuda_status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 ncclDataType_t NcclType(DType dtype) {
@@ -156,4 +156,4 @@ Status NcclComm::CheckAsyncError() {
   return Status::Ok();
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -20,7 +20,7 @@
 #include "zoffload/cpu_adam.h"
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 class NcclUniqueId {
  public:
@@ -78,4 +78,4 @@ class NcclComm {
   bool failed_ = false;
 };
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

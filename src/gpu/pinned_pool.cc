@@ -16,8 +16,7 @@
 #include "gpu/cuda_status.h"
 #include "gpu/gpu_info.h"
 
-namespace zoffload {
-namespace internal {
+namespace zoffload::internal {
 
 // Lets this thread make CUDA calls that are "potentially unsafe" during stream capture
 // (pinned allocation), for the lifetime of the guard.
@@ -88,7 +87,6 @@ struct PinnedPoolState {
   }
 };
 
-}  // namespace internal
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
@@ -153,7 +151,7 @@ Result<PinnedPool> PinnedPool::Create(const PinnedPoolOptions& options) {
     return InvalidArgumentError(
         StrCat("pinned pool: GPU ", options.device, " does not exist (", gpus, " GPUs)"));
   }
-  auto state = std::make_shared<internal::PinnedPoolState>();
+  auto state = std::make_shared<PinnedPoolState>();
   state->budget = options.budget_bytes;
   auto topology = Topology::Load();
   if (topology.ok() && topology->NumaNodes() > 1) {
@@ -174,7 +172,7 @@ Result<PinnedPool> PinnedPool::Create(const PinnedPoolOptions& options) {
 Result<PinnedBuffer> PinnedPool::Allocate(size_t bytes) {
   if (bytes == 0) return PinnedBuffer();
   const size_t block = BlockSize(bytes);
-  internal::PinnedPoolState& s = *state_;
+  PinnedPoolState& s = *state_;
   {
     std::lock_guard lock(s.mu);
     auto it = s.cache.find(block);
@@ -190,7 +188,7 @@ Result<PinnedBuffer> PinnedPool::Allocate(size_t bytes) {
   void* data = nullptr;
   cudaError_t err;
   {
-    internal::RelaxedCaptureMode relaxed;
+    RelaxedCaptureMode relaxed;
     if (s.topology) s.topology->BindThisThreadMemoryToNumaNode(s.numa_node).IgnoreError();
     err = cudaHostAlloc(&data, block, cudaHostAllocPortable);
     if (s.topology) s.topology->BindThisThreadMemoryToNumaNode(-1).IgnoreError();
@@ -212,14 +210,14 @@ Result<HostRegistration> PinnedPool::Register(void* data, size_t bytes) {
   if (data == nullptr || bytes == 0) {
     return InvalidArgumentError("pinned pool: cannot register an empty range");
   }
-  internal::PinnedPoolState& s = *state_;
+  PinnedPoolState& s = *state_;
   {
     std::lock_guard lock(s.mu);
     ZO_RETURN_IF_ERROR(s.ReserveLocked(bytes, "register"));
   }
   cudaError_t err;
   {
-    internal::RelaxedCaptureMode relaxed;
+    RelaxedCaptureMode relaxed;
     err = cudaHostRegister(data, bytes, cudaHostRegisterPortable);
   }
   if (err != cudaSuccess) {
@@ -253,4 +251,4 @@ void PinnedPool::Trim() {
   state_->FreeCachedLocked(state_->cached);
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -23,16 +23,14 @@
 
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 struct PinnedPoolOptions {
   uint64_t budget_bytes = uint64_t{4} << 30;  ///< in use + cached, bytes
   int device = 0;                             ///< the GPU whose NUMA node the memory comes from
 };
 
-namespace internal {
 struct PinnedPoolState;
-}
 
 /// A pinned allocation; returns to its pool's cache when destroyed.
 class PinnedBuffer {
@@ -53,10 +51,9 @@ class PinnedBuffer {
 
  private:
   friend class PinnedPool;
-  PinnedBuffer(std::shared_ptr<internal::PinnedPoolState> pool, std::byte* data, size_t size,
-               size_t block)
+  PinnedBuffer(std::shared_ptr<PinnedPoolState> pool, std::byte* data, size_t size, size_t block)
       : pool_(std::move(pool)), data_(data), size_(size), block_(block) {}
-  std::shared_ptr<internal::PinnedPoolState> pool_;
+  std::shared_ptr<PinnedPoolState> pool_;
   std::byte* data_ = nullptr;
   size_t size_ = 0;
   size_t block_ = 0;
@@ -77,9 +74,9 @@ class HostRegistration {
 
  private:
   friend class PinnedPool;
-  HostRegistration(std::shared_ptr<internal::PinnedPoolState> pool, void* data, size_t size)
+  HostRegistration(std::shared_ptr<PinnedPoolState> pool, void* data, size_t size)
       : pool_(std::move(pool)), data_(data), size_(size) {}
-  std::shared_ptr<internal::PinnedPoolState> pool_;
+  std::shared_ptr<PinnedPoolState> pool_;
   void* data_ = nullptr;
   size_t size_ = 0;
 };
@@ -102,9 +99,8 @@ class PinnedPool {
   void Trim();
 
  private:
-  explicit PinnedPool(std::shared_ptr<internal::PinnedPoolState> state)
-      : state_(std::move(state)) {}
-  std::shared_ptr<internal::PinnedPoolState> state_;
+  explicit PinnedPool(std::shared_ptr<PinnedPoolState> state) : state_(std::move(state)) {}
+  std::shared_ptr<PinnedPoolState> state_;
 };
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

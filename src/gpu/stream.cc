@@ -8,7 +8,7 @@
 #include "common/strings.h"
 #include "gpu/cuda_status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 CudaEvent::~CudaEvent() {
   if (event_ != nullptr) {
@@ -99,7 +99,7 @@ Status OrderAfter(cudaStream_t waiter, cudaStream_t producer, CudaEvent& event) 
 namespace {
 
 // A future's device side: an event recorded after the work, on the work's stream.
-class EventSignal final : public internal::DeviceSignal {
+class EventSignal final : public DeviceSignal {
  public:
   EventSignal(CudaEvent event, cudaStream_t stream) : event_(std::move(event)), stream_(stream) {}
   Result<bool> Done() override { return event_.Done(); }
@@ -140,4 +140,4 @@ Future<> FutureAfterWork(cudaStream_t stream) {
   return DeviceFuture(std::make_unique<EventSignal>(std::move(event).value(), stream));
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

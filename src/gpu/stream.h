@@ -13,7 +13,7 @@
 #include "zoffload/future.h"
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 class CudaEvent {
  public:
@@ -71,4 +71,4 @@ Status OrderAfter(cudaStream_t waiter, cudaStream_t producer, CudaEvent& event);
 /// now); a failure to record it is the future's error.
 Future<> FutureAfterWork(cudaStream_t stream);
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -7,7 +7,7 @@
 #include <nmmintrin.h>
 #endif
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 constexpr uint32_t kPolynomial = 0x82f63b78;  // CRC32C, reflected
@@ -113,4 +113,4 @@ uint32_t Crc32c(const void* data, size_t len, uint32_t crc) {
   return Crc32cPortable(data, len, crc);
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace zoffload {
+namespace zoffload::internal {
 
 /// CRC32C of `len` bytes, continuing from `crc` (0 for a fresh checksum).
 uint32_t Crc32c(const void* data, size_t len, uint32_t crc = 0);
@@ -19,4 +19,4 @@ uint32_t Crc32cPortable(const void* data, size_t len, uint32_t crc = 0);
 /// True when Crc32c uses the hardware instruction.
 bool Crc32cIsHardware();
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

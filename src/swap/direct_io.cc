@@ -16,7 +16,7 @@
 #include "common/topology.h"
 #include "common/unique_fd.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 // Removes the scratch file on every path out.
@@ -104,4 +104,4 @@ Result<DirectIoInfo> ProbeDirectIo(const std::string& dir) {
   return info;
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -11,7 +11,7 @@
 
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 struct DirectIoInfo {
   bool supported = false;         ///< O_DIRECT open, write and read all worked
@@ -26,4 +26,4 @@ struct DirectIoInfo {
 /// O_DIRECT being refused is not an error: `supported` is false and `refusal` says why.
 Result<DirectIoInfo> ProbeDirectIo(const std::string& dir);
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -16,7 +16,7 @@
 
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 enum class IoOp : uint8_t { kRead, kWrite };
 
@@ -71,4 +71,4 @@ Result<std::unique_ptr<IoBackend>> MakeUringBackend(unsigned queue_depth);
 /// Synchronous pread/pwrite: Submit performs the queued pieces, Reap returns them.
 std::unique_ptr<IoBackend> MakePosixBackend(unsigned queue_depth);
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

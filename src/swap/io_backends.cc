@@ -9,7 +9,7 @@
 #include "swap/io_backend.h"
 #include "swap/io_ring.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 class UringBackend final : public IoBackend {
@@ -162,4 +162,4 @@ std::unique_ptr<IoBackend> MakePosixBackend(unsigned queue_depth) {
   return std::make_unique<PosixBackend>(queue_depth);
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

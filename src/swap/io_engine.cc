@@ -24,7 +24,7 @@
 #include "swap/crc32c.h"
 #include "swap/direct_io.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 namespace {
 
@@ -40,8 +40,6 @@ struct FileEntry {
 };
 
 }  // namespace
-
-namespace internal {
 
 struct Piece;
 
@@ -85,11 +83,6 @@ struct Piece {
     return bounce ? static_cast<uint32_t>(RoundUp(len, file->alignment)) : len;
   }
 };
-
-}  // namespace internal
-
-using internal::IoRequestState;
-using internal::Piece;
 
 // ---- the engine -------------------------------------------------------------------------
 
@@ -586,4 +579,4 @@ IoEngine::Stats IoEngine::stats() const {
           impl_->resubmitted.load(), impl_->bounced.load()};
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -39,7 +39,7 @@
 #include "zoffload/future.h"
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 /// Which backend the I/O threads use.
 enum class IoBackendKind {
@@ -126,4 +126,4 @@ class IoEngine {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -10,7 +10,7 @@
 #include "common/errno_status.h"
 #include "common/strings.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 IoRing::IoRing(IoRing&& other) noexcept = default;
 IoRing& IoRing::operator=(IoRing&& other) noexcept {
@@ -95,4 +95,4 @@ IoUringSupport ProbeIoUring() {
   return support;
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

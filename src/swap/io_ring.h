@@ -11,7 +11,7 @@
 
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 class IoRing {
  public:
@@ -44,4 +44,4 @@ struct IoUringSupport {
 /// Sets up a small ring, registers a buffer and runs one NOP.
 IoUringSupport ProbeIoUring();
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -30,7 +30,7 @@
 #include "common/unique_fd.h"
 #include "swap/crc32c.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 using Json = nlohmann::json;
@@ -747,4 +747,4 @@ uint64_t SwapSpace::reserved_bytes() const {
 IoEngine& SwapSpace::engine() { return *impl_->engine; }
 uint64_t SwapSpace::block_size() const { return impl_->block; }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

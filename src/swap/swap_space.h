@@ -41,7 +41,7 @@
 #include "zoffload/config.h"
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 struct SwapSpaceOptions {
   /// Directories to stripe over (at least one; they must exist and be writable).
@@ -151,4 +151,4 @@ class SwapSpace {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -34,12 +34,12 @@ class CudaDeviceCopy final : public DeviceCopy {
 
 }  // namespace
 
-Status DeviceCopiesAvailable(RuntimeContext::Impl& rt) {
+Status DeviceCopiesAvailable(Runtime& rt) {
   if (rt.has_gpu()) return Status::Ok();
   return UsableGpuCount().status();
 }
 
-Result<std::unique_ptr<DeviceCopy>> AllocateDeviceCopy(RuntimeContext::Impl& rt, uint64_t bytes,
+Result<std::unique_ptr<DeviceCopy>> AllocateDeviceCopy(Runtime& rt, uint64_t bytes,
                                                        std::string_view what) {
   ZO_ASSIGN_OR_RETURN(CopyEngine * copies, rt.Copies());
   ZO_ASSIGN_OR_RETURN(DeviceMemory memory, rt.AllocateDevice(bytes, what));
@@ -48,12 +48,11 @@ Result<std::unique_ptr<DeviceCopy>> AllocateDeviceCopy(RuntimeContext::Impl& rt,
 
 #else
 
-Status DeviceCopiesAvailable(RuntimeContext::Impl&) {
+Status DeviceCopiesAvailable(Runtime&) {
   return FailedPreconditionError("GPU residency needs a GPU, and this build has no CUDA");
 }
 
-Result<std::unique_ptr<DeviceCopy>> AllocateDeviceCopy(RuntimeContext::Impl& rt, uint64_t,
-                                                       std::string_view) {
+Result<std::unique_ptr<DeviceCopy>> AllocateDeviceCopy(Runtime& rt, uint64_t, std::string_view) {
   return DeviceCopiesAvailable(rt);
 }
 

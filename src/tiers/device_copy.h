@@ -30,11 +30,11 @@ class DeviceCopy {
 };
 
 /// OK when device copies can be made in `rt` (a CUDA build and a usable GPU); else why not.
-Status DeviceCopiesAvailable(RuntimeContext::Impl& rt);
+Status DeviceCopiesAvailable(Runtime& rt);
 
 /// `bytes` of device memory for `what`, from the context's GPU budget, moved by its copy
 /// engine.
-Result<std::unique_ptr<DeviceCopy>> AllocateDeviceCopy(RuntimeContext::Impl& rt, uint64_t bytes,
+Result<std::unique_ptr<DeviceCopy>> AllocateDeviceCopy(Runtime& rt, uint64_t bytes,
                                                        std::string_view what);
 
 }  // namespace zoffload::internal

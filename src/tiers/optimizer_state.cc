@@ -10,7 +10,7 @@
 #include "cpu_adam/adam_kernels.h"
 #include "cpu_adam/adam_math.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -152,7 +152,7 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
     HostMemory p, m, v;
     if (kept + t.n <= host_elements) {
       kept += t.n;
-      RuntimeContext::Impl& rt = *state->rt_;
+      Runtime& rt = *state->rt_;
       const std::string what = StrCat("the optimizer state of '", t.name, "'");
       ZO_ASSIGN_OR_RETURN(p, rt.AllocateHost(4 * t.n, what, false, true));
       ZO_ASSIGN_OR_RETURN(m, rt.AllocateHost(AdamMomentBytes(precision, t.n), what, false, true));
@@ -327,8 +327,7 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
       result.skipped = true;
       return std::nullopt;
     }
-    return internal::ClipAndUnscale(norm.l2, loss_scale, max_grad_norm, &result.grad_norm,
-                                    &result.clip_coef);
+    return ClipAndUnscale(norm.l2, loss_scale, max_grad_norm, &result.grad_norm, &result.clip_coef);
   };
   StepStats stats;
   if (items_.empty()) {
@@ -365,8 +364,8 @@ Status OptimizerState::UpdatePiece(size_t t, const TensorGrads& g, float* params
   }
   shard.index_offset = first;
   const auto t0 = Clock::now();
-  ZO_RETURN_IF_ERROR(internal::AdamUpdateTraced(shard, g.hyper != nullptr ? *g.hyper : hyper,
-                                                grad_scale, options_.threads, tracer_, label));
+  ZO_RETURN_IF_ERROR(AdamUpdateTraced(shard, g.hyper != nullptr ? *g.hyper : hyper, grad_scale,
+                                      options_.threads, tracer_, label));
   stats->adam_seconds += Since(t0);
   if (tracer_ != nullptr) tracer_->Record(kStepTrack, StrCat("adam ", label), t0, Clock::now());
   return sink != nullptr ? sink->End(t, first, n, params) : Status::Ok();
@@ -538,4 +537,4 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
   return Status::Ok();
 }
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

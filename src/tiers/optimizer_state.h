@@ -54,7 +54,7 @@
 #include "zoffload/cpu_adam.h"
 #include "zoffload/status.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 
 enum class StateHome : uint8_t { kHost, kNvme };
 
@@ -194,7 +194,7 @@ class OptimizerState {
   // The moments are laid out chunk after chunk, as in the swap tensor: chunk c's image
   // (codes, then for int8 its scales) at AdamMomentBytes(precision, c * chunk_).
   std::vector<HostMemory> params_, m_, v_;
-  RuntimeContext::Impl* rt_ = nullptr;
+  Runtime* rt_ = nullptr;
   Tracer* tracer_ = nullptr;  // the context's
   // The NVMe part.
   SwapSpace* swap_ = nullptr;  // the context's
@@ -203,4 +203,4 @@ class OptimizerState {
   StepStats last_;
 };
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -9,7 +9,7 @@
 #include "gpu/gpu_info.h"
 #endif
 
-namespace zoffload {
+namespace zoffload::internal {
 
 // ---- ByteBudget ---------------------------------------------------------------------------
 
@@ -79,6 +79,105 @@ void DeviceMemory::Reset() {
 }
 #endif
 
+// ---- Runtime ----------------------------------------------------------------------------
+
+Runtime::Runtime(RuntimeOptions options)
+    : options_(std::move(options)),
+      host_("host budget (zoffload.budgets.host_bytes)", options_.host_budget_bytes),
+      gpu_("GPU budget (zoffload.budgets.gpu_bytes)", options_.gpu_budget_bytes) {
+  if (!options_.trace_path.empty()) tracer_ = std::make_unique<Tracer>(options_.trace_path);
+}
+
+Runtime::~Runtime() {
+#if ZO_HAVE_CUDA
+  copies_.reset();  // its staging buffers go back to the pool first
+#endif
+  swap_.reset();  // finishes every request in flight before the trace is written
+  if (tracer_ != nullptr) {
+    if (Status s = tracer_->Write(); !s.ok()) {
+      Log(LogLevel::kWarning, StrCat("trace: ", s.message()));
+    }
+  }
+}
+
+Result<SwapSpace*> Runtime::Swap() {
+  std::lock_guard lock(mu_);
+  if (swap_ != nullptr) return swap_.get();
+  if (options_.nvme_paths.empty()) {
+    return InvalidArgumentError(
+        "no NVMe directory configured: set zoffload.nvme_paths or "
+        "zero_optimization.offload_optimizer.nvme_path");
+  }
+  SwapSpaceOptions so;
+  so.paths = options_.nvme_paths;
+  so.aio = options_.aio;
+  so.checksums = options_.checksums;
+  so.durable = options_.durable;
+  so.tracer = tracer_.get();
+  so.wrap_backend = options_.wrap_backend;
+  ZO_ASSIGN_OR_RETURN(swap_, SwapSpace::Open(std::move(so)));
+  return swap_.get();
+}
+
+Result<HostMemory> Runtime::AllocateHost(uint64_t bytes, std::string_view what, bool pin,
+                                         bool prefault) {
+  ZO_RETURN_IF_ERROR(host_.Reserve(bytes, what));
+  HostMemory memory;
+  memory.budget_ = &host_;
+  memory.size_ = bytes;  // from here on, destroying `memory` gives the bytes back
+#if ZO_HAVE_CUDA
+  if (pin && pinned_ != nullptr) {
+    ZO_ASSIGN_OR_RETURN(memory.pinned_, pinned_->Allocate(bytes));
+    memory.data_ = memory.pinned_.data();
+    return memory;
+  }
+#else
+  (void)pin;
+#endif
+  ZO_ASSIGN_OR_RETURN(memory.aligned_, AlignedBuffer::Allocate(bytes, 4096, prefault));
+  memory.data_ = memory.aligned_.data();
+  return memory;
+}
+
+bool Runtime::has_gpu() const {
+#if ZO_HAVE_CUDA
+  return pinned_ != nullptr;
+#else
+  return false;
+#endif
+}
+
+#if ZO_HAVE_CUDA
+Result<DeviceMemory> Runtime::AllocateDevice(uint64_t bytes, std::string_view what) {
+  ZO_RETURN_IF_ERROR(gpu_.Reserve(bytes, what));
+  DeviceMemory memory;
+  auto buffer = DeviceBuffer::Allocate(bytes);
+  if (!buffer.ok()) {
+    gpu_.Release(bytes);
+    return buffer.status().WithContext(what);
+  }
+  memory.buffer_ = std::move(buffer).value();
+  memory.budget_ = &gpu_;
+  return memory;
+}
+
+Result<CopyEngine*> Runtime::Copies() {
+  std::lock_guard lock(mu_);
+  if (copies_ != nullptr) return copies_.get();
+  if (pinned_ == nullptr) {
+    ZO_RETURN_IF_ERROR(UsableGpuCount().status());
+    return FailedPreconditionError(
+        "a GPU appeared after the runtime context was made; make a new context");
+  }
+  ZO_ASSIGN_OR_RETURN(copies_, CopyEngine::Create(*pinned_));
+  return copies_.get();
+}
+#endif
+
+}  // namespace zoffload::internal
+
+namespace zoffload {
+
 // ---- RuntimeOptions, RuntimeContext -------------------------------------------------------
 
 RuntimeOptions RuntimeOptions::FromConfig(const Config& config) {
@@ -98,114 +197,21 @@ RuntimeOptions RuntimeOptions::FromConfig(const Config& config) {
   return o;
 }
 
-RuntimeContext::Impl::Impl(RuntimeOptions options)
-    : options_(std::move(options)),
-      host_("host budget (zoffload.budgets.host_bytes)", options_.host_budget_bytes),
-      gpu_("GPU budget (zoffload.budgets.gpu_bytes)", options_.gpu_budget_bytes) {
-  if (!options_.trace_path.empty()) tracer_ = std::make_unique<Tracer>(options_.trace_path);
-}
-
-RuntimeContext::Impl::~Impl() {
-#if ZO_HAVE_CUDA
-  copies_.reset();  // its staging buffers go back to the pool first
-#endif
-  swap_.reset();  // finishes every request in flight before the trace is written
-  if (tracer_ != nullptr) {
-    if (Status s = tracer_->Write(); !s.ok()) {
-      Log(LogLevel::kWarning, StrCat("trace: ", s.message()));
-    }
-  }
-}
-
-Result<SwapSpace*> RuntimeContext::Impl::Swap() {
-  std::lock_guard lock(mu_);
-  if (swap_ != nullptr) return swap_.get();
-  if (options_.nvme_paths.empty()) {
-    return InvalidArgumentError(
-        "no NVMe directory configured: set zoffload.nvme_paths or "
-        "zero_optimization.offload_optimizer.nvme_path");
-  }
-  SwapSpaceOptions so;
-  so.paths = options_.nvme_paths;
-  so.aio = options_.aio;
-  so.checksums = options_.checksums;
-  so.durable = options_.durable;
-  so.tracer = tracer_.get();
-  so.wrap_backend = options_.wrap_backend;
-  ZO_ASSIGN_OR_RETURN(swap_, SwapSpace::Open(std::move(so)));
-  return swap_.get();
-}
-
-Result<HostMemory> RuntimeContext::Impl::AllocateHost(uint64_t bytes, std::string_view what,
-                                                      bool pin, bool prefault) {
-  ZO_RETURN_IF_ERROR(host_.Reserve(bytes, what));
-  HostMemory memory;
-  memory.budget_ = &host_;
-  memory.size_ = bytes;  // from here on, destroying `memory` gives the bytes back
-#if ZO_HAVE_CUDA
-  if (pin && pinned_ != nullptr) {
-    ZO_ASSIGN_OR_RETURN(memory.pinned_, pinned_->Allocate(bytes));
-    memory.data_ = memory.pinned_.data();
-    return memory;
-  }
-#else
-  (void)pin;
-#endif
-  ZO_ASSIGN_OR_RETURN(memory.aligned_, AlignedBuffer::Allocate(bytes, 4096, prefault));
-  memory.data_ = memory.aligned_.data();
-  return memory;
-}
-
-bool RuntimeContext::Impl::has_gpu() const {
-#if ZO_HAVE_CUDA
-  return pinned_ != nullptr;
-#else
-  return false;
-#endif
-}
-
-#if ZO_HAVE_CUDA
-Result<DeviceMemory> RuntimeContext::Impl::AllocateDevice(uint64_t bytes, std::string_view what) {
-  ZO_RETURN_IF_ERROR(gpu_.Reserve(bytes, what));
-  DeviceMemory memory;
-  auto buffer = DeviceBuffer::Allocate(bytes);
-  if (!buffer.ok()) {
-    gpu_.Release(bytes);
-    return buffer.status().WithContext(what);
-  }
-  memory.buffer_ = std::move(buffer).value();
-  memory.budget_ = &gpu_;
-  return memory;
-}
-
-Result<CopyEngine*> RuntimeContext::Impl::Copies() {
-  std::lock_guard lock(mu_);
-  if (copies_ != nullptr) return copies_.get();
-  if (pinned_ == nullptr) {
-    ZO_RETURN_IF_ERROR(UsableGpuCount().status());
-    return FailedPreconditionError(
-        "a GPU appeared after the runtime context was made; make a new context");
-  }
-  ZO_ASSIGN_OR_RETURN(copies_, CopyEngine::Create(*pinned_));
-  return copies_.get();
-}
-#endif
-
-RuntimeContext::RuntimeContext(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RuntimeContext::RuntimeContext(std::unique_ptr<internal::Runtime> impl) : impl_(std::move(impl)) {}
 RuntimeContext::~RuntimeContext() = default;
 
 Result<std::unique_ptr<RuntimeContext>> RuntimeContext::Create(RuntimeOptions options) {
-  auto impl = std::make_unique<Impl>(std::move(options));
+  auto impl = std::make_unique<internal::Runtime>(std::move(options));
 #if ZO_HAVE_CUDA
-  if (UsableGpuCount().ok()) {
+  if (internal::UsableGpuCount().ok()) {
     // One pool, and no second cap: the host budget is enforced by AllocateHost, for every
     // tensor and buffer the parts hold. (The copy engine's own staging, 48 MiB, comes from
     // the pool outside it.)
-    PinnedPoolOptions po;
+    internal::PinnedPoolOptions po;
     po.device = impl->options_.device;
     po.budget_bytes = std::numeric_limits<uint64_t>::max();
-    ZO_ASSIGN_OR_RETURN(PinnedPool pool, PinnedPool::Create(po));
-    impl->pinned_ = std::make_unique<PinnedPool>(std::move(pool));
+    ZO_ASSIGN_OR_RETURN(internal::PinnedPool pool, internal::PinnedPool::Create(po));
+    impl->pinned_ = std::make_unique<internal::PinnedPool>(std::move(pool));
   }
 #endif
   return std::unique_ptr<RuntimeContext>(new RuntimeContext(std::move(impl)));

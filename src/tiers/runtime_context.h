@@ -1,7 +1,7 @@
 // The internal side of RuntimeContext (include/zoffload/runtime.h): the shared resources the
 // tiers, the engine and ZeRO borrow, and the budgeted host and device memory they allocate.
 //
-// Thread-safety: every member of RuntimeContext::Impl may be called from any thread.
+// Thread-safety: every member of Runtime may be called from any thread.
 // HostMemory and DeviceMemory handles are not synchronized.
 #pragma once
 
@@ -25,7 +25,7 @@
 #include "gpu/pinned_pool.h"
 #endif
 
-namespace zoffload {
+namespace zoffload::internal {
 
 /// Bytes held against a limit; shared by every part of a context.
 class ByteBudget {
@@ -70,7 +70,7 @@ class HostMemory {
   void Reset();
 
  private:
-  friend class RuntimeContext::Impl;
+  friend class Runtime;
   AlignedBuffer aligned_;
 #if ZO_HAVE_CUDA
   PinnedBuffer pinned_;
@@ -100,16 +100,16 @@ class DeviceMemory {
   void Reset();
 
  private:
-  friend class RuntimeContext::Impl;
+  friend class Runtime;
   DeviceBuffer buffer_;
   ByteBudget* budget_ = nullptr;
 };
 #endif
 
-class RuntimeContext::Impl {
+class Runtime {
  public:
-  explicit Impl(RuntimeOptions options);
-  ~Impl();
+  explicit Runtime(RuntimeOptions options);
+  ~Runtime();
 
   const RuntimeOptions& options() const { return options_; }
   ByteBudget& host_budget() { return host_; }
@@ -137,7 +137,7 @@ class RuntimeContext::Impl {
 #endif
 
  private:
-  friend class RuntimeContext;  // makes the pinned pool
+  friend class ::zoffload::RuntimeContext;  // makes the pinned pool
   RuntimeOptions options_;
   ByteBudget host_, gpu_;
   std::unique_ptr<Tracer> tracer_;
@@ -149,4 +149,4 @@ class RuntimeContext::Impl {
 #endif
 };
 
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -15,6 +15,11 @@
 
 namespace zoffload {
 
+using internal::HostMemory;
+using internal::HumanBytes;
+using internal::StrCat;
+using internal::SwapSpace;
+
 std::string_view ToString(Tier tier) {
   switch (tier) {
     case Tier::kGpu:
@@ -88,8 +93,8 @@ using internal::DeviceCopy;
 using internal::StoreEntry;
 
 struct TensorStore::Impl {
-  explicit Impl(RuntimeContext::Impl& runtime) : rt(runtime) {}
-  RuntimeContext::Impl& rt;  // budgets, swap space, pinned pool, copy engine
+  explicit Impl(internal::Runtime& runtime) : rt(runtime) {}
+  internal::Runtime& rt;  // budgets, swap space, pinned pool, copy engine
   // Guards the entries and counters. Nobody waits for a move (a D2H copy, an NVMe write, an
   // upload) while holding it: moves run through Unlocked, with the entry marked busy.
   mutable std::mutex mu;
@@ -576,9 +581,10 @@ Future<Lease> TensorStore::Acquire(const std::string& key, Access access, std::o
     moves = on_gpu && e.has_device() ? e.upload : e.load;
   }
   // Finished by the thread that collects the lease: a failed move's clean-up blocks.
-  return DeferredFuture<Lease>(std::move(moves), [this, &e, where, access](const Status& moved) {
-    return FinishLease(e, where, access, moved);
-  });
+  return internal::DeferredFuture<Lease>(std::move(moves),
+                                         [this, &e, where, access](const Status& moved) {
+                                           return FinishLease(e, where, access, moved);
+                                         });
 }
 
 void TensorStore::Prefetch(const std::string& key, std::optional<Tier> at) {

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 TEST(AlignedBufferTest, AlignedAndWritable) {
@@ -47,4 +47,4 @@ TEST(AlignedBufferTest, MoveTransfersOwnership) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -7,7 +7,7 @@
 
 #include "zoffload/config.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 TEST(ConfigDocTest, DocumentsExactlyTheAcceptedKeys) {
@@ -31,4 +31,4 @@ TEST(ConfigDocTest, DocumentsExactlyTheAcceptedKeys) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

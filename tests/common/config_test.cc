@@ -6,7 +6,7 @@
 
 #include "test_util.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 // A config that sets every key to a non-default value.
@@ -399,4 +399,4 @@ TEST(ConfigTest, ValidateConfigChecksStructsBuiltInCode) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 TEST(ErrnoStatusTest, MapsCodes) {
@@ -50,4 +50,4 @@ TEST(ErrnoStatusDeathTest, WrongSignAsserts) {
 #endif
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -8,7 +8,7 @@
 #include <string>
 #include <thread>
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 using namespace std::chrono_literals;
@@ -157,4 +157,4 @@ TEST(FutureTest, AnUncollectedDeferredFutureFinishesWhenDropped) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

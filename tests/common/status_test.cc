@@ -4,7 +4,7 @@
 
 #include <gtest/gtest.h>
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 TEST(StatusTest, DefaultIsOk) {
@@ -80,4 +80,4 @@ TEST(ResultTest, HoldsMoveOnlyTypes) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 TEST(StringsTest, ParseByteSize) {
@@ -40,4 +40,4 @@ TEST(StringsTest, EditDistance) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

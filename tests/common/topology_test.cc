@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 TEST(TopologyTest, CountsAgreeWithTheSystem) {
@@ -52,4 +52,4 @@ TEST(TopologyTest, BlockDeviceOfPath) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -7,7 +7,7 @@
 
 #include "test_util.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 bool IsOpen(int fd) { return ::fcntl(fd, F_GETFD) != -1; }
@@ -57,4 +57,4 @@ TEST(UniqueFdTest, ReleaseGivesUpOwnership) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

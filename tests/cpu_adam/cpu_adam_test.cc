@@ -13,7 +13,7 @@
 
 #include "common/cpu_features.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 // ---- reference and conversions ----------------------------------------------------------
@@ -538,4 +538,4 @@ TEST(CpuAdamTest, RejectsBadArguments) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -22,7 +22,7 @@
 #include "gpu/kernels.h"
 #endif
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 using testing::FaultPlan;
@@ -186,8 +186,7 @@ struct Reference {
     if (!norm.finite) return false;
     double grad_norm;
     float clip_coef;
-    const float grad_scale =
-        internal::ClipAndUnscale(norm.l2, loss_scale, clip, &grad_norm, &clip_coef);
+    const float grad_scale = ClipAndUnscale(norm.l2, loss_scale, clip, &grad_norm, &clip_coef);
     const std::vector<ParamGroup> groups = Groups();
     double sumsq = 0;
     for (size_t i = 0; i < kSizes.size(); ++i) {
@@ -600,4 +599,4 @@ INSTANTIATE_TEST_SUITE_P(Combinations, EngineGpu,
 #endif  // ZO_HAVE_CUDA
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

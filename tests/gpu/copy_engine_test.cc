@@ -11,7 +11,7 @@
 #include "gpu/device_buffer.h"
 #include "gpu/gpu_test_util.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 constexpr size_t kChunk = 64 << 10;  // small, so that sizes cross many chunks
@@ -129,4 +129,4 @@ TEST(CopyEngineOrderTest, RejectsBadOptions) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

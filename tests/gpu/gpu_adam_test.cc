@@ -13,7 +13,7 @@
 #include "gpu/kernels.h"
 #include "zoffload/cpu_adam.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 using testing::Poisoned;
@@ -215,4 +215,4 @@ TEST(GpuAdamStepTest, RejectsBadArguments) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

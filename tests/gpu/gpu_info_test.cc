@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 TEST(GpuInfoTest, ReportsDevicesOrSaysWhyNot) {
@@ -35,4 +35,4 @@ TEST(GpuInfoTest, NcclVersionParses) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

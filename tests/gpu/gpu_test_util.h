@@ -15,13 +15,13 @@
 /// Skips the test, with the reason, when no GPU can be used.
 #define ZO_SKIP_WITHOUT_GPU()                                        \
   do {                                                               \
-    auto zo_gpus_ = ::zoffload::UsableGpuCount();                    \
+    auto zo_gpus_ = ::zoffload::internal::UsableGpuCount();          \
     if (!zo_gpus_.ok()) GTEST_SKIP() << zo_gpus_.status().message(); \
   } while (false)
 
 #define ZO_ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
-namespace zoffload::testing {
+namespace zoffload::internal::testing {
 
 /// A device copy of `host`.
 template <typename T>
@@ -51,4 +51,4 @@ inline DeviceBuffer Poisoned(size_t bytes) {
   return std::move(*buffer);
 }
 
-}  // namespace zoffload::testing
+}  // namespace zoffload::internal::testing

@@ -13,7 +13,7 @@
 #include "gpu/gpu_test_util.h"
 #include "zoffload/cpu_adam.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 using testing::Poisoned;
@@ -182,4 +182,4 @@ TEST(GpuNormTest, RejectsImpossibleCasts) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

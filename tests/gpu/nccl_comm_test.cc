@@ -7,7 +7,7 @@
 
 #include "gpu/gpu_test_util.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 using testing::Poisoned;
@@ -70,4 +70,4 @@ TEST(NcclCommTest, SingleAndBadRank) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

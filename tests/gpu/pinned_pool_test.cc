@@ -8,7 +8,7 @@
 #include "gpu/device_buffer.h"
 #include "gpu/gpu_test_util.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 TEST(PinnedPoolTest, NoGpuIsAClearError) {
@@ -121,4 +121,4 @@ TEST(PinnedPoolTest, AllocationIsSafeDuringGraphCapture) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

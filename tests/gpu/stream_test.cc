@@ -9,7 +9,7 @@
 #include "gpu/gpu_test_util.h"
 #include "gpu/pinned_pool.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 TEST(StreamTest, EventsReportCompletion) {
@@ -65,4 +65,4 @@ TEST(StreamTest, TimingEventsMeasure) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -6,7 +6,7 @@
 
 #include "test_util.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 TEST(Crc32cTest, KnownVectors) {
@@ -36,4 +36,4 @@ TEST(Crc32cTest, ContinuesAcrossCalls) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -10,7 +10,7 @@
 
 #include "test_util.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 TEST(DirectIoTest, ProbesAndCleansUp) {
@@ -77,4 +77,4 @@ TEST(DirectIoTest, NotADirectory) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

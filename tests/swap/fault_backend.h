@@ -11,7 +11,7 @@
 
 #include "swap/io_backend.h"
 
-namespace zoffload::testing {
+namespace zoffload::internal::testing {
 
 struct FaultRule {
   enum class Action { kFail, kTruncate, kDelay };
@@ -112,4 +112,4 @@ inline auto InjectFaults(std::shared_ptr<FaultPlan> plan) {
   };
 }
 
-}  // namespace zoffload::testing
+}  // namespace zoffload::internal::testing

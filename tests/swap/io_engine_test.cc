@@ -12,7 +12,7 @@
 #include "swap/fault_backend.h"
 #include "test_util.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 using testing::FaultPlan;
@@ -276,4 +276,4 @@ TEST(IoEngineOptionsTest, MissingDirectoryNamesIt) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 TEST(IoRingTest, ProbeRunsANop) {
@@ -23,4 +23,4 @@ TEST(IoRingTest, CreateMovesAndRejectsZeroEntries) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

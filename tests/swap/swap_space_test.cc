@@ -19,7 +19,7 @@
 #include "swap/fault_backend.h"
 #include "test_util.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 using testing::FaultPlan;
@@ -447,4 +447,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, SwapSpaceTest,
                          });
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -18,7 +18,7 @@
 #include "swap/fault_backend.h"
 #include "test_util.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 using testing::FaultPlan;
@@ -437,4 +437,4 @@ TEST(OptimizerStateTest, RejectsBadInput) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -6,7 +6,7 @@
 #include "tiers/optimizer_state.h"
 #include "zoffload/tensor_store.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 using testing::TempDir;
@@ -100,4 +100,4 @@ TEST(RuntimeContext, NoNvmeDirectoryIsAClearError) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -20,7 +20,7 @@
 #include "gpu/gpu_info.h"
 #endif
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 using testing::TempDir;
@@ -488,4 +488,4 @@ TEST(TensorStore, GpuLeaseWithoutGpuIsAClearError) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -10,7 +10,7 @@
 #include "test_util.h"
 #include "zoffload/config.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 testing::CommandResult RunBench(const std::string& args) {
@@ -104,4 +104,4 @@ TEST(ZoffloadBenchTest, ClearErrors) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

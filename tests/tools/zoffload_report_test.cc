@@ -10,7 +10,7 @@
 
 #include "test_util.h"
 
-namespace zoffload {
+namespace zoffload::internal {
 namespace {
 
 // Runs the report; stderr joins stdout unless `stdout_only` (for parsing JSON).
@@ -84,4 +84,4 @@ TEST(ZoffloadReportTest, BadArgumentsExit2) {
 }
 
 }  // namespace
-}  // namespace zoffload
+}  // namespace zoffload::internal

@@ -8,7 +8,7 @@
 #include "common/aligned_buffer.h"
 #include "common/strings.h"
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 namespace {
 
 double BytesPerParam(const AdamRecord& r) {
@@ -124,4 +124,4 @@ Result<std::vector<AdamRecord>> RunAdamBench(const AdamBenchOptions& o) {
   return records;
 }
 
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench

@@ -9,7 +9,7 @@
 #include "zoffload/cpu_adam.h"
 #include "zoffload/status.h"
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 
 struct AdamBenchOptions {
   uint64_t params = uint64_t{256} << 20;
@@ -39,4 +39,4 @@ struct AdamRecord {
 
 Result<std::vector<AdamRecord>> RunAdamBench(const AdamBenchOptions& options);
 
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench

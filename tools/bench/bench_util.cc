@@ -10,7 +10,7 @@
 
 #include "common/strings.h"
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 namespace {
 
 std::vector<std::string_view> Split(std::string_view text) {
@@ -123,4 +123,4 @@ Status TempDirs::Make(const std::vector<std::string>& parents, std::string_view 
   return Status::Ok();
 }
 
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench

@@ -9,7 +9,7 @@
 
 #include "zoffload/status.h"
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 
 /// "1M,4M" -> {1048576, 4194304}; the error names `flag`.
 Result<std::vector<uint64_t>> ParseSizeList(std::string_view flag, std::string_view text);
@@ -61,4 +61,4 @@ inline double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench

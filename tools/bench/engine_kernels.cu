@@ -6,7 +6,7 @@
 
 #include "gpu/cuda_status.h"
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 namespace {
 
 __global__ void FillKernel(uint16_t* grads, uint64_t n, uint32_t seed) {
@@ -43,4 +43,4 @@ Status ProduceGradients(void* grads, uint64_t n, uint32_t seed, uint64_t spin_ns
   return Status::Ok();
 }
 
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench

@@ -25,7 +25,7 @@
 #include "gpu/gpu_info.h"
 #endif
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -345,4 +345,4 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
   return rec;
 }
 
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench

@@ -15,7 +15,7 @@
 #include "zoffload/config.h"
 #include "zoffload/status.h"
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 
 struct EngineBenchOptions {
   uint64_t params = uint64_t{256} << 20;
@@ -62,4 +62,4 @@ struct EngineRecord {
 
 Result<EngineRecord> RunEngineBench(const EngineBenchOptions& options);
 
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench

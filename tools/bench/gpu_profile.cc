@@ -19,7 +19,7 @@
 #include "gpu/pinned_pool.h"
 #include "gpu/stream.h"
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 namespace {
 
 // Median wall time of `repeats` runs of `run` (which returns once its work has finished),
@@ -200,4 +200,4 @@ Result<std::vector<GpuRecord>> RunKernelBench(const GpuBenchOptions& o) {
   return out;
 }
 
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench

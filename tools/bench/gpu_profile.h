@@ -14,7 +14,7 @@
 
 #include "zoffload/status.h"
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 
 struct GpuBenchOptions {
   uint64_t bytes = uint64_t{1} << 30;  ///< per transfer / per kernel input
@@ -35,4 +35,4 @@ struct GpuRecord {
 Result<std::vector<GpuRecord>> RunPcieBench(const GpuBenchOptions& options);
 Result<std::vector<GpuRecord>> RunKernelBench(const GpuBenchOptions& options);
 
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench

@@ -19,7 +19,7 @@
 #include "common/strings.h"
 #include "swap/io_engine.h"
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 namespace {
 
 volatile std::sig_atomic_t g_interrupted = 0;
@@ -244,4 +244,4 @@ std::string AioConfigJson(const AioConfig& aio) {
   return j.dump(2) + "\n";
 }
 
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench

@@ -9,7 +9,7 @@
 #include "zoffload/config.h"
 #include "zoffload/status.h"
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 
 struct NvmeBenchOptions {
   std::vector<std::string> paths = {"."};
@@ -50,4 +50,4 @@ AioConfig RecommendAio(const std::vector<NvmeRecord>& records);
 /// `{"aio": {...}}` with exactly the keys the config parser reads.
 std::string AioConfigJson(const AioConfig& aio);
 
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench

@@ -20,7 +20,7 @@
 #include "common/trace.h"
 #include "swap/io_engine.h"
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 namespace {
 
 // Directories for the swap space, one under each path, removed with their files on return.
@@ -273,4 +273,4 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   return rec;
 }
 
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench

@@ -12,7 +12,7 @@
 #include "zoffload/config.h"
 #include "zoffload/status.h"
 
-namespace zoffload::bench {
+namespace zoffload::internal::bench {
 
 struct StepBenchOptions {
   uint64_t params = uint64_t{128} << 20;  ///< 128M params: 1.5 GiB of fp32 state
@@ -59,4 +59,4 @@ struct StepRecord {
 
 Result<StepRecord> RunStepBench(const StepBenchOptions& options);
 
-}  // namespace zoffload::bench
+}  // namespace zoffload::internal::bench
