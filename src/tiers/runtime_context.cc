@@ -35,6 +35,7 @@ HostMemory& HostMemory::operator=(HostMemory&& other) noexcept {
     aligned_ = std::move(other.aligned_);
 #if ZO_HAVE_CUDA
     pinned_ = std::move(other.pinned_);
+    registration_ = std::move(other.registration_);
 #endif
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
@@ -45,7 +46,7 @@ HostMemory& HostMemory::operator=(HostMemory&& other) noexcept {
 
 bool HostMemory::pinned() const {
 #if ZO_HAVE_CUDA
-  return pinned_.data() != nullptr;
+  return pinned_.data() != nullptr || registration_.data() != nullptr;
 #else
   return false;
 #endif
@@ -53,10 +54,11 @@ bool HostMemory::pinned() const {
 
 void HostMemory::Reset() {
   if (budget_ != nullptr) budget_->Release(size_);
-  aligned_ = AlignedBuffer();
 #if ZO_HAVE_CUDA
+  registration_ = HostRegistration();
   pinned_ = PinnedBuffer();
 #endif
+  aligned_ = AlignedBuffer();
   data_ = nullptr;
   size_ = 0;
   budget_ = nullptr;
@@ -126,9 +128,18 @@ Result<HostMemory> Runtime::AllocateHost(uint64_t bytes, std::string_view what, 
   memory.budget_ = &host_;
   memory.size_ = bytes;  // from here on, destroying `memory` gives the bytes back
 #if ZO_HAVE_CUDA
-  if (pin && pinned_ != nullptr) {
+  if (pin && pinned_ != nullptr && bytes < AlignedBuffer::kHugePageSize) {
     ZO_ASSIGN_OR_RETURN(memory.pinned_, pinned_->Allocate(bytes));
     memory.data_ = memory.pinned_.data();
+    return memory;
+  }
+  if (pin && pinned_ != nullptr) {
+    // Faulted in as huge pages by many threads, then pinned where it is.
+    ZO_ASSIGN_OR_RETURN(memory.aligned_, AlignedBuffer::Allocate(bytes, 4096, true));
+    memory.data_ = memory.aligned_.data();
+    auto registration = pinned_->Register(memory.data_, bytes);
+    if (!registration.ok()) return registration.status().WithContext(what);
+    memory.registration_ = std::move(registration).value();
     return memory;
   }
 #else
