@@ -79,6 +79,9 @@ struct EngineOptions {
   /// Parameters and gradients are host memory and no GPU is used. Chosen anyway when no GPU
   /// is usable (or the build has no CUDA).
   bool host_params = false;
+  /// The parameters are device memory: fail with FAILED_PRECONDITION instead of falling back to
+  /// host mode when no GPU is usable.
+  bool require_gpu = false;
   /// The parameter groups; empty: one group from the config's optimizer.params.
   std::vector<ParamGroup> groups;
   /// A context shared with other parts (must outlive the engine); null: the engine makes its

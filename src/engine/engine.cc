@@ -319,6 +319,13 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
   e.rt = &context->impl();
   SetCpuAdamCoreBinding(config.zoffload.cpu_adam_bind_cores);
   e.gpu = !e.options.host_params && e.rt->has_gpu();
+  if (e.options.require_gpu && !e.gpu) {
+    return FailedPreconditionError(
+        e.options.host_params
+            ? "engine: host_params and require_gpu contradict each other"
+            : "engine: the parameters are in GPU memory, but no GPU is usable here (a build "
+              "without CUDA, or no device; zoffload-report says which)");
+  }
   uint64_t widest = 2;  // bytes per element of the widest parameter dtype
   for (const Impl::Param& p : e.params) {
     ZO_RETURN_IF_ERROR(e.CheckMemory(p.data, StrCat("engine: parameter '", p.name, "'")));

@@ -1,0 +1,455 @@
+// zoffload._zoffload: the OffloadEngine and the config for Python, over nanobind.
+//
+// 1. Arrays cross as DLPack (nb::ndarray): torch, numpy and cupy all work and nothing links
+//    libtorch. Each array is checked (device, dtype, contiguity, size) before its pointer goes
+//    to the engine; parameters must stay alive as long as the engine (zoffload.torch keeps them).
+// 2. Streams cross as integers (torch.cuda.current_stream().cuda_stream; 0: the default).
+// 3. A Status becomes a Python exception with the same message, one class per code, each also
+//    a subclass of the matching built-in (DataLoss is an OSError, ResourceExhausted a
+//    MemoryError, ...); every class derives from zoffload.Error.
+// 4. The GIL is released during the engine's work.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "zoffload/config.h"
+#include "zoffload/cpu_adam.h"
+#include "zoffload/engine.h"
+#include "zoffload/status.h"
+
+namespace nb = nanobind;
+
+namespace zoffload::python {
+namespace {
+
+// ---- Status -> exception -----------------------------------------------------------------
+
+// A failed Status on its way to the translator (thrown only inside this module).
+struct StatusError : std::runtime_error {
+  StatusError(StatusCode c, const std::string& message, bool from_config)
+      : std::runtime_error(message), code(c), config(from_config) {}
+  StatusCode code;
+  bool config;
+};
+
+struct ExceptionClasses {
+  PyObject* error = nullptr;
+  PyObject* config = nullptr;
+  PyObject* by_code[static_cast<int>(StatusCode::kCancelled) + 1] = {};
+};
+ExceptionClasses& Classes() {
+  static ExceptionClasses classes;
+  return classes;
+}
+
+void Throw(const Status& status, bool from_config = false) {
+  throw StatusError(status.code(), status.ToString(), from_config);
+}
+
+template <typename T>
+T Unwrap(Result<T> result, bool from_config = false) {
+  if (!result.ok()) Throw(result.status(), from_config);
+  return std::move(result).value();
+}
+
+void Check(const Status& status) {
+  if (!status.ok()) Throw(status);
+}
+
+[[noreturn]] void Fail(StatusCode code, const std::string& message) {
+  throw StatusError(code, message, false);
+}
+
+void MakeExceptions(nb::module_& m) {
+  ExceptionClasses& c = Classes();
+  auto make = [&m](const char* name, std::vector<PyObject*> bases, const char* doc) {
+    PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(bases.size()));
+    for (size_t i = 0; i < bases.size(); ++i) {
+      Py_INCREF(bases[i]);
+      PyTuple_SET_ITEM(tuple, static_cast<Py_ssize_t>(i), bases[i]);
+    }
+    const std::string qualified = std::string("zoffload.") + name;
+    PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, tuple, nullptr);
+    Py_DECREF(tuple);
+    if (cls == nullptr) throw nb::python_error();
+    m.attr(name) = nb::handle(cls);
+    return cls;
+  };
+  c.error = make("Error", {PyExc_RuntimeError}, "Base class of every zoffload error.");
+  auto sub = [&](StatusCode code, const char* name, PyObject* builtin, const char* doc) {
+    std::vector<PyObject*> bases = {c.error};
+    if (builtin != nullptr) bases.push_back(builtin);
+    c.by_code[static_cast<int>(code)] = make(name, bases, doc);
+  };
+  c.config = make("ConfigError", {c.error, PyExc_ValueError},
+                  "A config that does not parse or validate; the message names the JSON path.");
+  sub(StatusCode::kInvalidArgument, "InvalidArgument", PyExc_ValueError,
+      "Bad input from the caller (a size, a name, a dtype).");
+  sub(StatusCode::kNotFound, "NotFound", PyExc_LookupError,
+      "A file, directory, parameter or device that does not exist.");
+  sub(StatusCode::kAlreadyExists, "AlreadyExists", PyExc_ValueError,
+      "Creating something that exists (a parameter given twice).");
+  sub(StatusCode::kPermissionDenied, "PermissionDenied", PyExc_PermissionError,
+      "EACCES, EPERM, a read-only file system, io_uring disabled by policy.");
+  sub(StatusCode::kResourceExhausted, "ResourceExhausted", PyExc_MemoryError,
+      "Disk full, out of memory, the pinned-memory limit or a byte budget hit.");
+  sub(StatusCode::kFailedPrecondition, "FailedPrecondition", nullptr,
+      "The engine is not in the state the call needs (step() before every gradient).");
+  sub(StatusCode::kOutOfRange, "OutOfRange", PyExc_IndexError, "An index past the end.");
+  sub(StatusCode::kUnimplemented, "Unimplemented", PyExc_NotImplementedError,
+      "The kernel or device lacks a feature.");
+  sub(StatusCode::kUnavailable, "Unavailable", nullptr, "A transient failure; try again.");
+  sub(StatusCode::kDataLoss, "DataLoss", PyExc_OSError,
+      "A checksum mismatch, a torn write or an inconsistent manifest.");
+  sub(StatusCode::kIoError, "IoError", PyExc_OSError, "EIO and other device errors.");
+  sub(StatusCode::kInternal, "Internal", nullptr, "A broken invariant inside zoffload.");
+  sub(StatusCode::kCancelled, "Cancelled", nullptr, "The operation was abandoned.");
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      ExceptionClasses& classes = Classes();
+      PyObject* cls = e.config ? classes.config : classes.by_code[static_cast<int>(e.code)];
+      PyErr_SetString(cls != nullptr ? cls : classes.error, e.what());
+    }
+  });
+}
+
+// ---- arrays ---------------------------------------------------------------------------------
+
+using Array = nb::ndarray<nb::c_contig>;
+using AnyArray = nb::ndarray<>;
+
+std::string DescribeDType(const nb::dlpack::dtype& t) {
+  using Code = nb::dlpack::dtype_code;
+  const std::pair<Code, const char*> kinds[] = {
+      {Code::Int, "int"},       {Code::UInt, "uint"},       {Code::Float, "float"},
+      {Code::Bfloat, "bfloat"}, {Code::Complex, "complex"}, {Code::Bool, "bool"}};
+  std::string kind = "dlpack code " + std::to_string(t.code) + " of ";
+  for (const auto& [code, name] : kinds) {
+    if (t.code == static_cast<uint8_t>(code)) kind = name;
+  }
+  return kind + std::to_string(t.bits);
+}
+
+DType ToDType(const AnyArray& a, const std::string& what) {
+  const nb::dlpack::dtype t = a.dtype();
+  if (t.lanes == 1 && t.bits == 32 && t.code == uint8_t(nb::dlpack::dtype_code::Float))
+    return DType::kFp32;
+  if (t.lanes == 1 && t.bits == 16 && t.code == uint8_t(nb::dlpack::dtype_code::Float))
+    return DType::kFp16;
+  if (t.lanes == 1 && t.bits == 16 && t.code == uint8_t(nb::dlpack::dtype_code::Bfloat))
+    return DType::kBf16;
+  Fail(StatusCode::kInvalidArgument,
+       what + " has dtype " + DescribeDType(t) + "; zoffload takes float32, bfloat16 or float16");
+}
+
+bool Contiguous(const AnyArray& a) {
+  int64_t expected = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expected) return false;
+    expected *= static_cast<int64_t>(a.shape(i));
+  }
+  return true;
+}
+
+const char* DeviceName(int type) {
+  return type == nb::device::cpu::value    ? "cpu"
+         : type == nb::device::cuda::value ? "cuda"
+                                           : "another device";
+}
+
+// Checks `a` (named `what`) is dense, on `want_cuda`'s device and a supported dtype; its dtype.
+DType CheckArray(const AnyArray& a, const std::string& what, bool want_cuda) {
+  const int type = a.device_type();
+  const bool cuda = type == nb::device::cuda::value;
+  if (type != nb::device::cpu::value && !cuda) {
+    Fail(StatusCode::kInvalidArgument,
+         what + " is on " + DeviceName(type) + "; zoffload takes cpu or cuda memory");
+  }
+  if (cuda != want_cuda) {
+    Fail(StatusCode::kInvalidArgument, what + " is on " + DeviceName(type) +
+                                           ", but the engine's parameters are on " +
+                                           (want_cuda ? "cuda" : "cpu"));
+  }
+  if (!Contiguous(a)) {
+    Fail(StatusCode::kInvalidArgument,
+         what + " is not contiguous; pass .contiguous() (zoffload reads it as one block)");
+  }
+  return ToDType(a, what);
+}
+
+// ---- the engine ---------------------------------------------------------------------------
+
+ParamGroup GroupFrom(const nb::dict& d, const ParamGroup& base) {
+  ParamGroup g = base;
+  for (auto [key, value] : d) {
+    const std::string k = nb::cast<std::string>(key);
+    if (k == "lr") {
+      g.lr = nb::cast<double>(value);
+    } else if (k == "betas") {
+      auto betas = nb::cast<std::tuple<double, double>>(value);
+      g.beta1 = std::get<0>(betas);
+      g.beta2 = std::get<1>(betas);
+    } else if (k == "eps") {
+      g.eps = nb::cast<double>(value);
+    } else if (k == "weight_decay") {
+      g.weight_decay = nb::cast<double>(value);
+    }  // other keys (params, a scheduler's initial_lr, ...) are not the engine's
+  }
+  if (!(g.lr >= 0) || !(g.eps > 0) || !(g.beta1 >= 0 && g.beta1 < 1) ||
+      !(g.beta2 >= 0 && g.beta2 < 1) || !(g.weight_decay >= 0)) {
+    Fail(StatusCode::kInvalidArgument,
+         "parameter group: lr " + std::to_string(g.lr) + ", betas (" + std::to_string(g.beta1) +
+             ", " + std::to_string(g.beta2) + "), eps " + std::to_string(g.eps) +
+             ", weight_decay " + std::to_string(g.weight_decay) +
+             ": need lr >= 0, 0 <= betas < 1, eps > 0, weight_decay >= 0");
+  }
+  return g;
+}
+
+nb::dict GroupDict(const ParamGroup& g) {
+  nb::dict d;
+  d["lr"] = g.lr;
+  d["betas"] = nb::make_tuple(g.beta1, g.beta2);
+  d["eps"] = g.eps;
+  d["weight_decay"] = g.weight_decay;
+  return d;
+}
+
+nb::dict StatsDict(const EngineStepStats& s) {
+  nb::dict d;
+  d["step"] = s.step;
+  d["skipped"] = s.skipped;
+  d["grad_norm"] = s.grad_norm;
+  d["clip_coef"] = s.clip_coef;
+  d["loss_scale"] = s.loss_scale;
+  d["seconds"] = s.seconds;
+  d["wait_grads_seconds"] = s.wait_grads_seconds;
+  d["update_seconds"] = s.update_seconds;
+  d["adam_seconds"] = s.adam_seconds;
+  d["upload_wait_seconds"] = s.upload_wait_seconds;
+  d["io_wait_seconds"] = s.io_wait_seconds;
+  d["bytes_to_host"] = s.bytes_to_host;
+  d["bytes_to_gpu"] = s.bytes_to_gpu;
+  d["nvme_bytes_read"] = s.nvme_bytes_read;
+  d["nvme_bytes_written"] = s.nvme_bytes_written;
+  return d;
+}
+
+Config ParseConfigText(const std::string& json) {
+  return Unwrap(ParseConfig(json), /*from_config=*/true);
+}
+
+class Engine {
+ public:
+  // params: (name, array, group index) each; groups: torch-style dicts.
+  Engine(const std::string& config_json,
+         const std::vector<std::tuple<std::string, AnyArray, int>>& params,
+         const std::vector<nb::dict>& groups) {
+    config_ = ParseConfigText(config_json);
+    if (params.empty()) Fail(StatusCode::kInvalidArgument, "engine: no parameters given");
+    const bool cuda = std::get<1>(params.front()).device_type() == nb::device::cuda::value;
+    std::vector<ParameterSpec> specs;
+    for (const auto& [name, array, group] : params) {
+      const std::string what = "parameter '" + name + "'";
+      ParameterSpec s;
+      s.name = name;
+      s.dtype = CheckArray(array, what, cuda);
+      s.data = array.data();
+      s.elements = array.size();
+      s.group = group;
+      specs.push_back(std::move(s));
+      shapes_.emplace(name, std::make_pair(array.size(), s.dtype));
+    }
+    EngineOptions options;
+    options.host_params = !cuda;
+    options.require_gpu = cuda;
+    const ParamGroup base = ParamGroup::FromConfig(config_.optimizer);
+    for (const nb::dict& g : groups) options.groups.push_back(GroupFrom(g, base));
+    cuda_ = cuda;
+    nb::gil_scoped_release release;
+    engine_ = Unwrap(OffloadEngine::Create(config_, std::move(specs), std::move(options)));
+  }
+
+  void GradientReady(const std::string& name, const AnyArray& grad, uintptr_t stream) {
+    OffloadEngine& e = Live();
+    auto it = shapes_.find(name);
+    if (it == shapes_.end()) Fail(StatusCode::kNotFound, "engine: no parameter '" + name + "'");
+    const std::string what = "the gradient of '" + name + "'";
+    const DType dtype = CheckArray(grad, what, cuda_);
+    if (grad.size() != it->second.first) {
+      Fail(StatusCode::kInvalidArgument, what + " has " + std::to_string(grad.size()) +
+                                             " elements; the parameter has " +
+                                             std::to_string(it->second.first));
+    }
+    nb::gil_scoped_release release;
+    Check(e.GradientReady(name, grad.data(), grad.size(), dtype, reinterpret_cast<void*>(stream)));
+  }
+
+  nb::dict Step() {
+    OffloadEngine& e = Live();
+    EngineStepStats stats;
+    {
+      nb::gil_scoped_release release;
+      stats = Unwrap(e.Step());
+    }
+    return StatsDict(stats);
+  }
+
+  void WaitParameters(uintptr_t stream) {
+    OffloadEngine& e = Live();
+    nb::gil_scoped_release release;
+    Check(e.WaitParameters(reinterpret_cast<void*>(stream)));
+  }
+
+  void SetGroup(int index, const nb::dict& group) {
+    OffloadEngine& e = Live();
+    if (index < 0 || index >= e.group_count()) {
+      Fail(StatusCode::kOutOfRange, "engine: no parameter group " + std::to_string(index) +
+                                        " (there are " + std::to_string(e.group_count()) + ")");
+    }
+    Check(e.SetGroup(index, GroupFrom(group, e.group(index))));
+  }
+
+  nb::dict Group(int index) {
+    OffloadEngine& e = Live();
+    if (index < 0 || index >= e.group_count()) {
+      Fail(StatusCode::kOutOfRange, "engine: no parameter group " + std::to_string(index));
+    }
+    return GroupDict(e.group(index));
+  }
+
+  // (master float32[n], m, v): m and v as the state keeps them (float32 for fp32 state; the raw
+  // bytes, uint8, for bf16 and int8 state).
+  nb::tuple ReadState(const std::string& name) {
+    OffloadEngine& e = Live();
+    auto it = shapes_.find(name);
+    if (it == shapes_.end()) Fail(StatusCode::kNotFound, "engine: no parameter '" + name + "'");
+    const uint64_t n = it->second.first;
+    const StatePrecision p = config_.zoffload.optimizer_state;
+    const uint64_t moment_bytes = AdamMomentBytes(p, n);
+    auto master = std::make_unique<float[]>(n);
+    auto m = std::make_unique<uint8_t[]>(moment_bytes);
+    auto v = std::make_unique<uint8_t[]>(moment_bytes);
+    {
+      nb::gil_scoped_release release;
+      Check(e.ReadState(name, master.get(), m.get(), v.get()));
+    }
+    auto own = [](auto ptr) {
+      using T = typename decltype(ptr)::element_type;
+      T* raw = ptr.release();
+      return std::make_pair(
+          raw, nb::capsule(raw, [](void* q) noexcept { delete[] static_cast<T*>(q); }));
+    };
+    auto [mp, mo] = own(std::move(master));
+    auto [mm, mmo] = own(std::move(m));
+    auto [vm, vmo] = own(std::move(v));
+    auto out_master = nb::ndarray<nb::numpy, float, nb::ndim<1>>(mp, {n}, mo);
+    if (p == StatePrecision::kFp32) {
+      return nb::make_tuple(
+          out_master,
+          nb::ndarray<nb::numpy, float, nb::ndim<1>>(reinterpret_cast<float*>(mm), {n}, mmo),
+          nb::ndarray<nb::numpy, float, nb::ndim<1>>(reinterpret_cast<float*>(vm), {n}, vmo));
+    }
+    return nb::make_tuple(out_master,
+                          nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(mm, {moment_bytes}, mmo),
+                          nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(vm, {moment_bytes}, vmo));
+  }
+
+  void Close() {
+    nb::gil_scoped_release release;
+    engine_.reset();
+  }
+
+  float loss_scale() { return Live().loss_scale(); }
+  int64_t steps() { return Live().steps(); }
+  bool on_gpu() { return Live().on_gpu(); }
+  uint64_t total_elements() { return Live().total_elements(); }
+  uint64_t host_bytes() { return Live().host_bytes(); }
+  uint64_t gpu_bytes() { return Live().gpu_bytes(); }
+  int group_count() { return Live().group_count(); }
+  nb::dict last_step() { return StatsDict(Live().last_step()); }
+
+ private:
+  OffloadEngine& Live() {
+    if (engine_ == nullptr) Fail(StatusCode::kFailedPrecondition, "engine: closed");
+    return *engine_;
+  }
+
+  Config config_;
+  bool cuda_ = false;
+  std::unordered_map<std::string, std::pair<uint64_t, DType>> shapes_;
+  std::unique_ptr<OffloadEngine> engine_;
+};
+
+void DefineModule(nb::module_& m) {
+  m.doc() = "zoffload's C++ engine (use zoffload and zoffload.torch).";
+  MakeExceptions(m);
+
+  m.def(
+      "parse_config",
+      [](const std::string& json) { return SerializeConfig(ParseConfigText(json)); },
+      nb::arg("json"),
+      "Parses and validates a config (JSON text); returns it normalized, every field filled.\n"
+      "Raises ConfigError naming the JSON path at fault.");
+  m.def(
+      "load_config",
+      [](const std::string& path) {
+        return SerializeConfig(Unwrap(LoadConfigFile(path), /*from_config=*/true));
+      },
+      nb::arg("path"), "As parse_config, from a file.");
+
+  nb::class_<Engine>(m, "Engine",
+                     "The OffloadEngine: fp32 masters and Adam state off the GPU, updated on "
+                     "the CPU from gradients handed over as they are produced.")
+      .def(nb::init<const std::string&, const std::vector<std::tuple<std::string, AnyArray, int>>&,
+                    const std::vector<nb::dict>&>(),
+           nb::arg("config_json"), nb::arg("params"), nb::arg("groups"),
+           "params: (name, array, group index) each, all on cuda (GPU mode) or all on cpu (host "
+           "mode), contiguous float32/bfloat16/float16; groups: dicts with lr, betas, eps, "
+           "weight_decay (missing keys: the config's optimizer.params). The arrays must stay "
+           "alive while the engine is.")
+      .def("gradient_ready", &Engine::GradientReady, nb::arg("name"), nb::arg("grad"),
+           nb::arg("stream") = 0,
+           "Hands over a parameter's gradient (its size, on its device), ordered after the work "
+           "on `stream` (a cudaStream_t as int; 0: the default stream). The gradient may be "
+           "freed once this returns.")
+      .def("step", &Engine::Step,
+           "The optimizer step; returns its statistics (phase times, bytes moved, grad norm, "
+           "loss scale, skipped).")
+      .def("wait_parameters", &Engine::WaitParameters, nb::arg("stream") = 0,
+           "Makes `stream` wait (on the GPU) for the updated parameters.")
+      .def("set_group", &Engine::SetGroup, nb::arg("index"), nb::arg("group"),
+           "Changes a group's lr, betas, eps or weight_decay from the next step on.")
+      .def("group", &Engine::Group, nb::arg("index"), "A group's hyperparameters.")
+      .def("read_state", &Engine::ReadState, nb::arg("name"),
+           "(master float32, m, v) of a parameter; m and v are float32 for fp32 state, raw "
+           "bytes (uint8) for bf16 and int8 state.")
+      .def("close", &Engine::Close, "Frees the engine's memory now.")
+      .def_prop_ro("loss_scale", &Engine::loss_scale,
+                   "The fp16 loss scale to multiply the loss by (1 without fp16).")
+      .def_prop_ro("steps", &Engine::steps, "Optimizer steps taken (skipped ones not counted).")
+      .def_prop_ro("on_gpu", &Engine::on_gpu, "Whether parameters are in GPU memory.")
+      .def_prop_ro("total_elements", &Engine::total_elements)
+      .def_prop_ro("host_bytes", &Engine::host_bytes, "Host bytes the engine holds.")
+      .def_prop_ro("gpu_bytes", &Engine::gpu_bytes,
+                   "Device bytes the engine holds beyond the parameters.")
+      .def_prop_ro("group_count", &Engine::group_count)
+      .def_prop_ro("last_step", &Engine::last_step, "The last step's statistics.");
+}
+
+}  // namespace
+}  // namespace zoffload::python
+
+NB_MODULE(_zoffload, m) { zoffload::python::DefineModule(m); }

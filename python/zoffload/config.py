@@ -1,0 +1,92 @@
+"""Configs for zoffload: a path, a JSON string or a dict, with HuggingFace's ``"auto"`` values.
+
+A DeepSpeed-style config written for HuggingFace's Trainer leaves values as ``"auto"`` for the
+training code to fill. ``load_config`` fills them from what the caller knows (the optimizer's
+lr, betas, eps and weight decay; batch sizes; clipping) and refuses any ``"auto"`` left over,
+naming its JSON path. The C++ parser then validates the whole config strictly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, Union
+
+from ._zoffload import ConfigError, parse_config
+
+ConfigSource = Union[str, "os.PathLike[str]", Mapping[str, Any], None]
+
+# JSON path -> the name of the known value that fills it.
+AUTO_FILLS = {
+    "optimizer.params.lr": "lr",
+    "optimizer.params.betas": "betas",
+    "optimizer.params.eps": "eps",
+    "optimizer.params.weight_decay": "weight_decay",
+    "train_batch_size": "train_batch_size",
+    "train_micro_batch_size_per_gpu": "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "fp16.enabled": "fp16",
+    "bf16.enabled": "bf16",
+}
+
+
+def _read(source: ConfigSource) -> dict:
+    if source is None:
+        return {}
+    if isinstance(source, Mapping):
+        return json.loads(json.dumps(source))  # a deep copy that is plain JSON
+    text = os.fspath(source)
+    if text.lstrip().startswith("{"):
+        where = "the config string"
+    else:
+        where = text
+        try:
+            with open(text, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise ConfigError(f"cannot read the config file {where}: {e.strerror}") from e
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{where}: line {e.lineno} column {e.colno}: {e.msg}") from e
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: (root): expected an object, got {type(value).__name__}")
+    return value
+
+
+def _fill(node: Any, path: str, known: Mapping[str, Any], left: list) -> Any:
+    if isinstance(node, dict):
+        return {k: _fill(v, f"{path}.{k}" if path else k, known, left) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fill(v, f"{path}[{i}]", known, left) for i, v in enumerate(node)]
+    if node == "auto":
+        name = AUTO_FILLS.get(path)
+        if name is not None and known.get(name) is not None:
+            value = known[name]
+            return list(value) if isinstance(value, tuple) else value
+        left.append(path)
+    return node
+
+
+def load_config(source: ConfigSource = None, **known: Any) -> str:
+    """The config as validated, normalized JSON text.
+
+    ``source`` is a file path, a JSON string, a dict or None (every default). ``known`` fills
+    ``"auto"`` values: lr, betas, eps, weight_decay, train_batch_size,
+    train_micro_batch_size_per_gpu, gradient_accumulation_steps, gradient_clipping, fp16,
+    bf16. Raises ConfigError naming the JSON path of any ``"auto"`` left, or of what the
+    strict parser refuses.
+    """
+    left: list = []
+    filled = _fill(_read(source), "", known, left)
+    if left:
+        raise ConfigError(
+            "unresolved \"auto\" at "
+            + ", ".join(left)
+            + ": give the value in the config, or to load_config/OffloadOptimizer"
+            + " (zoffload fills "
+            + ", ".join(sorted(AUTO_FILLS))
+            + ")"
+        )
+    return parse_config(json.dumps(filled))

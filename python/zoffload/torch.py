@@ -1,0 +1,214 @@
+"""PyTorch front of zoffload: ``OffloadOptimizer``, a drop-in ``torch.optim.Optimizer``.
+
+Two lines change in a training loop::
+
+    opt = zoffload.torch.OffloadOptimizer(model.named_parameters(), config="ds_config.json")
+    ...                                   # forward, loss.backward(), opt.step(), opt.zero_grad()
+
+How it works:
+1. Each parameter gets a post-accumulate-grad hook (torch >= 2.1). The hook hands the gradient
+   to the engine, on the current CUDA stream, and drops it (``param.grad = None``): the engine
+   has copied it into its GPU ring, so no full set of gradients ever sits in GPU memory.
+2. ``step()`` passes each group's lr, betas, eps and weight decay to the engine (an LR
+   scheduler's changes included), runs the CPU update, and makes the current stream wait for
+   the new parameters, which the engine writes into the model's own tensors.
+3. Parameters on CUDA (bf16, fp16 or fp32) use the GPU path; parameters on the CPU (host-only
+   mode, no GPU needed) are updated in place.
+
+fp16: multiply the loss by ``loss_scale`` (or call ``backward(loss)``); overflowing steps are
+skipped and counted in ``skipped_steps``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+
+import torch
+
+from . import _zoffload
+from .config import ConfigSource, load_config
+
+ParamsArg = Union[Iterable[Tuple[str, torch.nn.Parameter]], Iterable[torch.Tensor], Iterable[dict]]
+
+_GROUP_KEYS = ("lr", "betas", "eps", "weight_decay")
+
+
+def _named(items: Iterable[Any], first: int) -> List[Tuple[str, torch.Tensor]]:
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            out.append(item)
+        elif isinstance(item, torch.Tensor):
+            out.append((f"param.{first + i}", item))
+        else:
+            raise _zoffload.InvalidArgument(
+                f"parameter #{first + i}: expected a tensor or a (name, tensor) pair, got "
+                f"{type(item).__name__}"
+            )
+    return out
+
+
+class OffloadOptimizer(torch.optim.Optimizer):
+    """AdamW (or the config's optimizer) with its state off the GPU, updated on the CPU.
+
+    ``params``: ``model.named_parameters()``, plain tensors, or torch-style groups (dicts with
+    ``"params"`` and any of lr, betas, eps, weight_decay). ``config``: a DeepSpeed-style config
+    (path, JSON string or dict; ``"auto"`` values are filled from the keyword arguments and the
+    groups). Keyword arguments give the defaults of every group (else the config's
+    ``optimizer.params``).
+    """
+
+    def __init__(
+        self,
+        params: ParamsArg,
+        config: ConfigSource = None,
+        *,
+        lr: Optional[float] = None,
+        betas: Optional[Tuple[float, float]] = None,
+        eps: Optional[float] = None,
+        weight_decay: Optional[float] = None,
+        **known: Any,
+    ) -> None:
+        if config is None:  # the optimizer in host memory, every other default
+            config = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
+        given = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        self._config_json = load_config(config, **given, **known)
+        cfg = json.loads(self._config_json)
+        p = cfg["optimizer"]["params"]
+        defaults = {
+            "lr": lr if lr is not None else p["lr"],
+            "betas": tuple(betas) if betas is not None else tuple(p["betas"]),
+            "eps": eps if eps is not None else p["eps"],
+            "weight_decay": weight_decay if weight_decay is not None else p["weight_decay"],
+        }
+        items = list(params)
+        if not items:
+            raise _zoffload.InvalidArgument("OffloadOptimizer: no parameters given")
+        raw_groups = items if isinstance(items[0], dict) else [{"params": items}]
+        groups, names = [], []
+        for g in raw_groups:
+            if not isinstance(g, dict) or "params" not in g:
+                raise _zoffload.InvalidArgument(
+                    "OffloadOptimizer: mix of parameter groups (dicts) and parameters"
+                )
+            named = _named(list(g["params"]), len(names))
+            names.extend(named)
+            groups.append({**{k: v for k, v in g.items() if k != "params"},
+                           "params": [t for _, t in named]})
+        self._names: Dict[int, str] = {}
+        seen = set()
+        for name, t in names:
+            if name in seen or id(t) in self._names:
+                raise _zoffload.AlreadyExists(f"OffloadOptimizer: parameter '{name}' is given twice")
+            seen.add(name)
+            self._names[id(t)] = name
+        super().__init__(groups, defaults)
+        self._cuda = names[0][1].is_cuda
+        for name, t in names:
+            if not t.requires_grad:
+                raise _zoffload.InvalidArgument(
+                    f"OffloadOptimizer: parameter '{name}' does not require grad"
+                )
+            if t.is_cuda != self._cuda:
+                raise _zoffload.InvalidArgument(
+                    f"OffloadOptimizer: parameter '{name}' is on {t.device}, "
+                    f"'{names[0][0]}' on {names[0][1].device}: all must be on cuda or all on cpu"
+                )
+        spec = []
+        for gi, g in enumerate(self.param_groups):
+            for t in g["params"]:
+                spec.append((self._names[id(t)], t.detach(), gi))
+        self._engine = _zoffload.Engine(
+            self._config_json, spec, [self._group_hyper(g) for g in self.param_groups]
+        )
+        self._sent = [self._group_hyper(g) for g in self.param_groups]
+        self._skipped = 0
+        self._hooks = [
+            t.register_post_accumulate_grad_hook(self._make_hook(self._names[id(t)]))
+            for g in self.param_groups
+            for t in g["params"]
+        ]
+
+    @staticmethod
+    def _group_hyper(group: dict) -> dict:
+        return {k: (tuple(group[k]) if k == "betas" else float(group[k])) for k in _GROUP_KEYS}
+
+    def _make_hook(self, name: str):
+        engine = self._engine
+
+        def hook(param: torch.Tensor) -> None:
+            grad = param.grad
+            if grad is None:
+                return
+            stream = torch.cuda.current_stream(param.device).cuda_stream if param.is_cuda else 0
+            engine.gradient_ready(name, grad.detach(), stream)
+            param.grad = None  # the engine has its copy
+
+        return hook
+
+    @property
+    def engine(self) -> _zoffload.Engine:
+        """The C++ engine (read_state, host_bytes, ...)."""
+        return self._engine
+
+    @property
+    def loss_scale(self) -> float:
+        """The fp16 loss scale to multiply the loss by (1 without fp16)."""
+        return self._engine.loss_scale
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps skipped for inf/NaN gradients (fp16 overflow)."""
+        return self._skipped
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``(loss * loss_scale).backward()``."""
+        scale = self.loss_scale
+        (loss * scale if scale != 1 else loss).backward()
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        """The optimizer step over the gradients handed over since the last one."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for i, g in enumerate(self.param_groups):
+            hyper = self._group_hyper(g)
+            if hyper != self._sent[i]:
+                self._engine.set_group(i, hyper)
+                self._sent[i] = hyper
+        stats = self._engine.step()
+        if stats["skipped"]:
+            self._skipped += 1
+        if self._cuda:
+            device = self.param_groups[0]["params"][0].device
+            self._engine.wait_parameters(torch.cuda.current_stream(device).cuda_stream)
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Gradients are dropped as the engine takes them; this clears any left over."""
+        for g in self.param_groups:
+            for t in g["params"]:
+                t.grad = None
+
+    def stats(self) -> dict:
+        """The last step's phase times, bytes moved, grad norm, loss scale and skip flag."""
+        return self._engine.last_step
+
+    def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
+        raise NotImplementedError(
+            "OffloadOptimizer.state_dict: the engine's checkpoints are not implemented yet "
+            "(read the state with opt.engine.read_state(name))"
+        )
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:  # type: ignore[override]
+        raise NotImplementedError("OffloadOptimizer.load_state_dict: not implemented yet")
+
+    def close(self) -> None:
+        """Removes the hooks and frees the engine's memory now."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._engine.close()

@@ -1,0 +1,227 @@
+"""zoffload.torch.OffloadOptimizer in host-only mode (CPU), against torch.optim.AdamW and the
+C++ engine on the same gradients; then every bad input the module must refuse cleanly."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import zoffload
+import zoffload.torch as zt
+
+VOCAB, DIM, SEQ, BATCH = 97, 48, 12, 6
+
+
+class TinyLM(torch.nn.Module):
+    """An embedding, Linear + LayerNorm blocks and a tied output layer (odd sizes)."""
+
+    def __init__(self, blocks=3):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, DIM)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(DIM, DIM), torch.nn.LayerNorm(DIM), torch.nn.GELU())
+            for _ in range(blocks)
+        )
+        self.norm = torch.nn.LayerNorm(DIM)
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        for b in self.blocks:
+            h = h + b(h)
+        return self.norm(h) @ self.embed.weight.t()  # tied output
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return TinyLM()
+
+
+def batches(steps, micro=1, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g) for _ in range(micro)]
+            for _ in range(steps)]
+
+
+def loss_of(model, tokens):
+    logits = model(tokens[:, :-1])
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
+
+
+def groups_of(model, decay):
+    """torch-style groups: no weight decay for norms and biases."""
+    named = list(model.named_parameters())
+    return [
+        {"params": [(n, p) for n, p in named if p.ndim >= 2], "weight_decay": decay},
+        {"params": [(n, p) for n, p in named if p.ndim < 2], "weight_decay": 0.0},
+    ]
+
+
+def plain(groups):
+    return [{**g, "params": [p for _, p in g["params"]]} for g in groups]
+
+
+def config(**extra):
+    c = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+    c.update(extra)
+    return c
+
+
+def train(model, opt, data, scheduler=None, clip=0.0, reference=False):
+    losses = []
+    for micro_batches in data:
+        total = 0.0
+        for tokens in micro_batches:
+            loss = loss_of(model, tokens)
+            loss.backward()
+            total += loss.item()
+        if reference and clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        opt.zero_grad()
+        if scheduler is not None:
+            scheduler.step()
+        losses.append(total / len(micro_batches))
+    return losses
+
+
+def assert_curves_match(ours, ref, rel=1e-4):
+    assert len(ours) == len(ref)
+    for i, (a, b) in enumerate(zip(ours, ref)):
+        assert abs(a - b) <= rel * abs(b), f"step {i}: {a} vs torch's {b}\nours {ours}\nref  {ref}"
+    assert ours[-1] < ours[0], "the loss did not fall"
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["plain", "groups_and_schedule", "accumulation", "clipping"],
+)
+def test_loss_curve_matches_torch_adamw(case):
+    steps, micro, clip, extra = 20, 1, 0.0, {}
+    if case == "accumulation":
+        micro = 4
+        extra = {"gradient_accumulation_steps": 4}
+    if case == "clipping":
+        clip = 0.05  # small enough to clip on most steps
+        extra = {"gradient_clipping": clip}
+    data = batches(steps, micro)
+    ours_model, ref_model = make_model(), make_model()
+    lr = 3e-3
+    if case == "groups_and_schedule":
+        ours = zt.OffloadOptimizer(groups_of(ours_model, 0.1), config(**extra), lr=lr)
+        ref = torch.optim.AdamW(plain(groups_of(ref_model, 0.1)), lr=lr)
+        sched = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + 0.2 * s))
+                 for o in (ours, ref)]
+    else:
+        ours = zt.OffloadOptimizer(ours_model.named_parameters(), config(**extra), lr=lr,
+                                   weight_decay=0.01)
+        ref = torch.optim.AdamW(ref_model.parameters(), lr=lr, weight_decay=0.01)
+        sched = [None, None]
+    a = train(ours_model, ours, data, sched[0])
+    b = train(ref_model, ref, data, sched[1], clip=clip, reference=True)
+    assert_curves_match(a, b)
+    if case == "groups_and_schedule":
+        # The engine took each step's scheduled lr (the last step's: lr / (1 + 0.2 * 19)).
+        assert ours.engine.group(0)["lr"] == pytest.approx(lr / (1 + 0.2 * (steps - 1)))
+    assert ours.stats()["step"] == steps
+    ours.close()
+
+
+def test_parameters_equal_the_cpp_engine_on_the_same_gradients():
+    model = make_model()
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    grads = []  # per step: name -> gradient, taken before the optimizer's hook drops it
+    for n, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(
+            lambda p, n=n: grads[-1].__setitem__(n, p.grad.detach().clone()))
+    cfg = config(gradient_clipping=1.0)
+    opt = zt.OffloadOptimizer(model.named_parameters(), cfg, lr=1e-2, weight_decay=0.05)
+    for micro_batches in batches(20):
+        grads.append({})
+        loss_of(model, micro_batches[0]).backward()
+        opt.step()
+    # The same gradients straight into a C++ engine over numpy arrays.
+    arrays = {n: t.numpy().copy() for n, t in initial.items()}
+    engine = zoffload.Engine(
+        zoffload.load_config(cfg, lr=1e-2, weight_decay=0.05),
+        [(n, a, 0) for n, a in arrays.items()],
+        [{"lr": 1e-2, "weight_decay": 0.05}],
+    )
+    for step in grads:
+        for n, g in step.items():
+            engine.gradient_ready(n, g.numpy())
+        engine.step()
+    for n, p in model.named_parameters():
+        np.testing.assert_array_equal(p.detach().numpy(), arrays[n], err_msg=n)
+        master, m, v = engine.read_state(n)
+        np.testing.assert_array_equal(master, arrays[n].ravel(), err_msg=n)
+        assert m.dtype == np.float32 and v.dtype == np.float32 and np.all(v >= 0)
+
+
+def test_auto_values_are_filled_or_named():
+    cfg = config(optimizer={"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
+                 gradient_clipping="auto")
+    text = zoffload.load_config(cfg, lr=2e-5, weight_decay=0.1, gradient_clipping=1.0)
+    parsed = json.loads(text)
+    assert parsed["optimizer"]["params"]["lr"] == pytest.approx(2e-5)
+    assert parsed["gradient_clipping"] == pytest.approx(1.0)
+    with pytest.raises(zoffload.ConfigError, match=r"gradient_clipping"):
+        zoffload.load_config(cfg, lr=2e-5, weight_decay=0.1)
+    with pytest.raises(ValueError, match=r"optimizer\.params\.lr"):
+        zoffload.load_config(cfg)
+
+
+def test_bad_config_is_a_config_error_naming_the_path():
+    with pytest.raises(zoffload.ConfigError, match=r"offload_optimizer\.devcie"):
+        zoffload.load_config({"zero_optimization": {"offload_optimizer": {"devcie": "cpu"}}})
+    with pytest.raises(zoffload.ConfigError, match=r"line 1"):
+        zoffload.load_config("{not json")
+    with pytest.raises(zoffload.ConfigError, match=r"/no/such/config.json"):
+        zoffload.load_config("/no/such/config.json")
+
+
+def test_bad_input_raises_clear_errors():
+    model = make_model()
+    opt = zt.OffloadOptimizer(model.named_parameters(), config(), lr=1e-3)
+    e = opt.engine
+    with pytest.raises(zoffload.FailedPrecondition, match="gradient"):
+        opt.step()  # no gradient yet
+    with pytest.raises(zoffload.NotFound, match="'nope'"):
+        e.gradient_ready("nope", np.zeros(4, np.float32))
+    with pytest.raises(zoffload.InvalidArgument, match="elements"):
+        e.gradient_ready("embed.weight", np.zeros(5, np.float32))
+    with pytest.raises(zoffload.InvalidArgument, match="float64"):
+        e.gradient_ready("embed.weight", np.zeros(VOCAB * DIM, np.float64))
+    with pytest.raises(zoffload.InvalidArgument, match="not contiguous"):
+        e.gradient_ready("embed.weight", np.zeros((DIM, VOCAB), np.float32).T)
+    with pytest.raises(zoffload.OutOfRange):
+        e.set_group(7, {"lr": 1.0})
+    with pytest.raises(zoffload.InvalidArgument, match="lr"):
+        e.set_group(0, {"lr": -1.0})
+    # After all that the optimizer still trains.
+    loss_of(model, batches(1)[0][0]).backward()
+    opt.step()
+    assert opt.stats()["step"] == 1
+    opt.close()
+    with pytest.raises(zoffload.FailedPrecondition, match="closed"):
+        e.step()
+
+
+def test_bad_parameters_are_refused():
+    t = torch.zeros(10, requires_grad=True)
+    with pytest.raises(zoffload.AlreadyExists, match="'w'"):
+        zt.OffloadOptimizer([("w", t), ("w", torch.zeros(3, requires_grad=True))], config())
+    with pytest.raises(zoffload.InvalidArgument, match="float64"):
+        zt.OffloadOptimizer([("d", torch.zeros(3, dtype=torch.float64, requires_grad=True))],
+                            config())
+    with pytest.raises(zoffload.InvalidArgument, match="no parameters"):
+        zt.OffloadOptimizer([], config())
+    with pytest.raises(zoffload.InvalidArgument, match="not contiguous"):
+        zoffload.Engine(zoffload.load_config(config()),
+                        [("x", np.zeros((4, 4), np.float32).T, 0)], [{}])
+    with pytest.raises(ValueError, match="offload_optimizer.device"):  # nothing to offload
+        zt.OffloadOptimizer([("w", t)], {"zero_optimization": {"stage": 2}})
+    assert issubclass(zoffload.ResourceExhausted, MemoryError)
+    assert issubclass(zoffload.DataLoss, OSError)
+    assert issubclass(zoffload.ConfigError, ValueError)
