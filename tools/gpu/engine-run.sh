@@ -24,6 +24,8 @@ if [[ $sizes == *1g* ]]; then
   memcheck copies gpu_test 'CopyEngine*'
   echo "== the engine's GPU tests, 5 times over (timing-dependent faults)"
   build-gpu/tests/engine_test --gtest_filter='*EngineGpu*' --gtest_repeat=5 --gtest_brief=1 2>&1 | tail -3
+  echo "== the Python module on CUDA (and host mode)"
+  PYTHONPATH=build-gpu/python python3 -m pytest -q -p no:cacheprovider tests/python 2>&1 | tail -4
   echo "== engine, 1G params"
   $bench engine --params 1G --tensors 72 --grad-ms 100 --threads 16 \
     --json "$out/engine_1g.json" --trace "$out/engine_1g_trace.json" 2>&1 | tail -9
