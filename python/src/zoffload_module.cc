@@ -403,13 +403,6 @@ void DefineModule(nb::module_& m) {
       nb::arg("json"),
       "Parses and validates a config (JSON text); returns it normalized, every field filled.\n"
       "Raises ConfigError naming the JSON path at fault.");
-  m.def(
-      "load_config",
-      [](const std::string& path) {
-        return SerializeConfig(Unwrap(LoadConfigFile(path), /*from_config=*/true));
-      },
-      nb::arg("path"), "As parse_config, from a file.");
-
   nb::class_<Engine>(m, "Engine",
                      "The OffloadEngine: fp32 masters and Adam state off the GPU, updated on "
                      "the CPU from gradients handed over as they are produced.")

@@ -26,6 +26,13 @@ if [[ $sizes == *1g* ]]; then
   build-gpu/tests/engine_test --gtest_filter='*EngineGpu*' --gtest_repeat=5 --gtest_brief=1 2>&1 | tail -3
   echo "== the Python module on CUDA (and host mode)"
   PYTHONPATH=build-gpu/python python3 -m pytest -q -p no:cacheprovider tests/python 2>&1 | tail -4
+  echo "== examples/finetune.py: GPT-2 small shape, random init, 50 steps; zoffload, then torch"
+  for mode in zoffload reference; do
+    flag=$([ $mode = reference ] && echo --reference || true)
+    PYTHONPATH=build-gpu/python timeout 300 python3 examples/finetune.py $flag \
+      > "$out/finetune_$mode.txt" 2>&1
+    tail -1 "$out/finetune_$mode.txt"
+  done
   echo "== engine, 1G params"
   $bench engine --params 1G --tensors 72 --grad-ms 100 --threads 16 \
     --json "$out/engine_1g.json" --trace "$out/engine_1g_trace.json" 2>&1 | tail -9
