@@ -36,8 +36,8 @@
 // count or bucket size.
 //
 // Thread-safety: one thread at a time (PyTorch runs a device's backward hooks on one thread):
-// GradientReady calls must not overlap each other or Step, WaitParameters, SetGroup and
-// ReadState.
+// GradientReady calls must not overlap each other or Step, WaitParameters, SetGroup,
+// ReadState, LoadState and SetSteps.
 #pragma once
 
 #include <cstdint>
@@ -147,6 +147,12 @@ class OffloadEngine {
   /// Parameter `name`'s optimizer state: master values (elements floats), m and v
   /// (AdamMomentBytes of the state precision each; int8: codes, then the block scales).
   Status ReadState(std::string_view name, float* master, void* m, void* v);
+  /// Sets parameter `name`'s optimizer state (ReadState's layout; m, v null: zeros) and writes
+  /// the master values, in the parameter's dtype, into the model's parameter (call
+  /// WaitParameters before the next forward). For restoring a checkpoint; with SetSteps.
+  Status LoadState(std::string_view name, const float* master, const void* m, const void* v);
+  /// Sets the optimizer step count (Adam's bias correction continues from it).
+  Status SetSteps(int64_t steps);
 
   bool on_gpu() const;
   int64_t steps() const;  ///< optimizer steps taken (skipped ones not counted)

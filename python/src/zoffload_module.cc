@@ -207,15 +207,7 @@ ParamGroup GroupFrom(const nb::dict& d, const ParamGroup& base) {
       g.weight_decay = nb::cast<double>(value);
     }  // other keys (params, a scheduler's initial_lr, ...) are not the engine's
   }
-  if (!(g.lr >= 0) || !(g.eps > 0) || !(g.beta1 >= 0 && g.beta1 < 1) ||
-      !(g.beta2 >= 0 && g.beta2 < 1) || !(g.weight_decay >= 0)) {
-    Fail(StatusCode::kInvalidArgument,
-         "parameter group: lr " + std::to_string(g.lr) + ", betas (" + std::to_string(g.beta1) +
-             ", " + std::to_string(g.beta2) + "), eps " + std::to_string(g.eps) +
-             ", weight_decay " + std::to_string(g.weight_decay) +
-             ": need lr >= 0, 0 <= betas < 1, eps > 0, weight_decay >= 0");
-  }
-  return g;
+  return g;  // the engine checks the values
 }
 
 nb::dict GroupDict(const ParamGroup& g) {
@@ -367,6 +359,36 @@ class Engine {
                           nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(vm, {moment_bytes}, vmo));
   }
 
+  // Restores a parameter's state from read_state's arrays (host memory).
+  void LoadState(const std::string& name, const AnyArray& master, const AnyArray& m,
+                 const AnyArray& v) {
+    OffloadEngine& e = Live();
+    auto it = shapes_.find(name);
+    if (it == shapes_.end()) Fail(StatusCode::kNotFound, "engine: no parameter '" + name + "'");
+    const uint64_t n = it->second.first;
+    const uint64_t moment_bytes = AdamMomentBytes(config_.zoffload.optimizer_state, n);
+    auto check = [&](const AnyArray& a, const char* which, uint64_t bytes) {
+      const std::string what = std::string(which) + " of '" + name + "'";
+      if (a.device_type() != nb::device::cpu::value || !Contiguous(a)) {
+        Fail(StatusCode::kInvalidArgument, what + " must be contiguous host memory");
+      }
+      if (a.nbytes() != bytes) {
+        Fail(StatusCode::kInvalidArgument, what + " has " + std::to_string(a.nbytes()) +
+                                               " bytes; the state has " + std::to_string(bytes));
+      }
+    };
+    check(master, "the master", 4 * n);
+    if (ToDType(master, "the master of '" + name + "'") != DType::kFp32) {
+      Fail(StatusCode::kInvalidArgument, "the master of '" + name + "' must be float32");
+    }
+    check(m, "m", moment_bytes);
+    check(v, "v", moment_bytes);
+    nb::gil_scoped_release release;
+    Check(e.LoadState(name, static_cast<const float*>(master.data()), m.data(), v.data()));
+  }
+
+  void set_steps(int64_t steps) { Check(Live().SetSteps(steps)); }
+
   void Close() {
     nb::gil_scoped_release release;
     engine_.reset();
@@ -429,10 +451,15 @@ void DefineModule(nb::module_& m) {
       .def("read_state", &Engine::ReadState, nb::arg("name"),
            "(master float32, m, v) of a parameter; m and v are float32 for fp32 state, raw "
            "bytes (uint8) for bf16 and int8 state.")
+      .def("load_state", &Engine::LoadState, nb::arg("name"), nb::arg("master"), nb::arg("m"),
+           nb::arg("v"),
+           "Restores a parameter's state from read_state's arrays and writes the master, in the "
+           "parameter's dtype, into the parameter (call wait_parameters before using it).")
       .def("close", &Engine::Close, "Frees the engine's memory now.")
       .def_prop_ro("loss_scale", &Engine::loss_scale,
                    "The fp16 loss scale to multiply the loss by (1 without fp16).")
-      .def_prop_ro("steps", &Engine::steps, "Optimizer steps taken (skipped ones not counted).")
+      .def_prop_rw("steps", &Engine::steps, &Engine::set_steps,
+                   "Optimizer steps taken (skipped ones not counted); settable when restoring.")
       .def_prop_ro("on_gpu", &Engine::on_gpu, "Whether parameters are in GPU memory.")
       .def_prop_ro("total_elements", &Engine::total_elements)
       .def_prop_ro("host_bytes", &Engine::host_bytes, "Host bytes the engine holds.")

@@ -198,13 +198,62 @@ class OffloadOptimizer(torch.optim.Optimizer):
         return self._engine.last_step
 
     def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
-        raise NotImplementedError(
-            "OffloadOptimizer.state_dict: the engine's checkpoints are not implemented yet "
-            "(read the state with opt.engine.read_state(name))"
-        )
+        """The optimizer's state: per parameter name its fp32 ``master``, ``exp_avg`` and
+        ``exp_avg_sq`` (float32 for fp32 state, the raw bytes for bf16 and int8 state), the
+        param groups (parameters by name) and the step count. CPU tensors."""
+        state = {}
+        for name in self._ordered_names():
+            master, m, v = self._engine.read_state(name)
+            state[name] = {
+                "master": torch.from_numpy(master),
+                "exp_avg": torch.from_numpy(m),
+                "exp_avg_sq": torch.from_numpy(v),
+            }
+        groups = [
+            {**{k: v for k, v in g.items() if k != "params"},
+             "params": [self._names[id(t)] for t in g["params"]]}
+            for g in self.param_groups
+        ]
+        return {"state": state, "param_groups": groups, "steps": self._engine.steps}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:  # type: ignore[override]
-        raise NotImplementedError("OffloadOptimizer.load_state_dict: not implemented yet")
+        """Restores ``state_dict()``'s output: the state of every parameter (the model's
+        parameters are set to the masters, in their dtype), the groups' hyperparameters and the
+        step count. The parameters must be the same names and sizes."""
+        missing = [k for k in ("state", "param_groups", "steps") if k not in state_dict]
+        if missing:
+            raise _zoffload.InvalidArgument(f"load_state_dict: no {', '.join(missing)}")
+        names = self._ordered_names()
+        given = state_dict["state"]
+        absent = [n for n in names if n not in given]
+        extra = [n for n in given if n not in set(names)]
+        if absent or extra:
+            raise _zoffload.InvalidArgument(
+                f"load_state_dict: the state does not match the parameters (missing {absent[:5]}, "
+                f"unknown {extra[:5]})"
+            )
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups) or any(
+            list(a["params"]) != [self._names[id(t)] for t in b["params"]]
+            for a, b in zip(groups, self.param_groups)
+        ):
+            raise _zoffload.InvalidArgument(
+                "load_state_dict: the param groups differ (their number or their parameters)"
+            )
+        for name in names:
+            st = given[name]
+            arrays = [st[k].detach().cpu().contiguous().numpy()
+                      for k in ("master", "exp_avg", "exp_avg_sq")]
+            self._engine.load_state(name, *arrays)
+        for g, saved in zip(self.param_groups, groups):
+            g.update({k: v for k, v in saved.items() if k != "params"})
+        self._engine.steps = int(state_dict["steps"])
+        if self._cuda:
+            device = self.param_groups[0]["params"][0].device
+            self._engine.wait_parameters(torch.cuda.current_stream(device).cuda_stream)
+
+    def _ordered_names(self) -> List[str]:
+        return [self._names[id(t)] for g in self.param_groups for t in g["params"]]
 
     def close(self) -> None:
         """Removes the hooks and frees the engine's memory now."""

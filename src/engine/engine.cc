@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <semaphore>
@@ -255,13 +256,49 @@ Status OffloadEngine::Impl::Initialize() {
       Accumulate(masters.as<float>(), values, p.dtype, p.n, false);
       initial = masters.as<float>();
     }
-    ZO_RETURN_IF_ERROR(
-        state->Initialize(i, initial).WithContext(StrCat("initializing '", p.name, "'")));
+    ZO_RETURN_IF_ERROR(state->Write(i, initial).WithContext(StrCat("initializing '", p.name, "'")));
   }
   return Status::Ok();
 }
 
 // ---- OffloadEngine ------------------------------------------------------------------------
+
+namespace {
+
+Status CheckGroup(const ParamGroup& g, std::string_view where) {
+  if (g.lr >= 0 && g.beta1 >= 0 && g.beta1 < 1 && g.beta2 >= 0 && g.beta2 < 1 && g.eps > 0 &&
+      g.weight_decay >= 0) {
+    return Status::Ok();
+  }
+  return InvalidArgumentError(
+      StrCat(where, ": lr ", g.lr, ", betas (", g.beta1, ", ", g.beta2, "), eps ", g.eps,
+             ", weight_decay ", g.weight_decay,
+             ": need lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0"));
+}
+
+// fp32 -> `dtype` (round to nearest even), n values.
+void CastFromFloat(const float* in, void* out, DType dtype, uint64_t n) {
+  switch (dtype) {
+    case DType::kFp32:
+      std::memcpy(out, in, 4 * n);
+      return;
+    case DType::kBf16:
+      for (uint64_t i = 0; i < n; ++i) {
+        uint32_t u;
+        std::memcpy(&u, in + i, 4);
+        static_cast<uint16_t*>(out)[i] =
+            std::isnan(in[i]) ? uint16_t{0x7fc0}
+                              : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+      }
+      return;
+    case DType::kFp16:
+      for (uint64_t i = 0; i < n; ++i)
+        static_cast<_Float16*>(out)[i] = static_cast<_Float16>(in[i]);
+      return;
+  }
+}
+
+}  // namespace
 
 OffloadEngine::OffloadEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 OffloadEngine::~OffloadEngine() = default;
@@ -281,6 +318,9 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
   e.groups = options.groups.empty()
                  ? std::vector<ParamGroup>{ParamGroup::FromConfig(config.optimizer)}
                  : options.groups;
+  for (size_t g = 0; g < e.groups.size(); ++g) {
+    ZO_RETURN_IF_ERROR(CheckGroup(e.groups[g], StrCat("engine: parameter group ", g)));
+  }
   e.accumulation = static_cast<int>(config.gradient_accumulation_steps.value_or(1));
   e.scaler = internal::LossScaler(config.fp16);
   if (specs.empty()) return InvalidArgumentError("engine: no parameters given");
@@ -515,13 +555,7 @@ Status OffloadEngine::SetGroup(int index, const ParamGroup& group) {
   if (index < 0 || index >= group_count()) {
     return OutOfRangeError(StrCat("SetGroup: no group ", index, " (", group_count(), " groups)"));
   }
-  if (!(group.lr >= 0) || !(group.beta1 >= 0 && group.beta1 < 1) ||
-      !(group.beta2 >= 0 && group.beta2 < 1) || !(group.eps > 0) || !(group.weight_decay >= 0)) {
-    return InvalidArgumentError(
-        StrCat("SetGroup ", index, ": lr ", group.lr, ", betas (", group.beta1, ", ", group.beta2,
-               "), eps ", group.eps, ", weight_decay ", group.weight_decay,
-               ": need lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0"));
-  }
+  ZO_RETURN_IF_ERROR(CheckGroup(group, StrCat("SetGroup ", index)));
   impl_->groups[index] = group;
   return Status::Ok();
 }
@@ -529,6 +563,29 @@ Status OffloadEngine::SetGroup(int index, const ParamGroup& group) {
 Status OffloadEngine::ReadState(std::string_view name, float* master, void* m, void* v) {
   ZO_ASSIGN_OR_RETURN(Impl::Param * p, impl_->Find(name));
   return impl_->state->Read(static_cast<size_t>(p - impl_->params.data()), master, m, v);
+}
+
+Status OffloadEngine::LoadState(std::string_view name, const float* master, const void* m,
+                                const void* v) {
+  Impl& e = *impl_;
+  ZO_ASSIGN_OR_RETURN(Impl::Param * p, e.Find(name));
+  const size_t t = static_cast<size_t>(p - e.params.data());
+  ZO_RETURN_IF_ERROR(e.state->Write(t, master, m, v).WithContext(StrCat("LoadState '", name, "'")));
+  // The model's parameter follows the master, through the same sink as a step's chunks.
+  const uint64_t chunk = e.state->chunk_elements();
+  for (uint64_t first = 0; first < p->n; first += chunk) {
+    const uint64_t n = std::min(chunk, p->n - first);
+    ZO_ASSIGN_OR_RETURN(void* out, e.Begin(t, first, n));
+    CastFromFloat(master + first, out, p->dtype, n);
+    ZO_RETURN_IF_ERROR(e.End(t, first, n, master + first));
+  }
+  return Status::Ok();
+}
+
+Status OffloadEngine::SetSteps(int64_t steps) {
+  if (steps < 0) return InvalidArgumentError(StrCat("SetSteps: ", steps, " < 0"));
+  impl_->steps = steps;
+  return Status::Ok();
 }
 
 bool OffloadEngine::on_gpu() const { return impl_->gpu; }

@@ -224,13 +224,53 @@ uint64_t OptimizerState::host_bytes() const {
   return total;
 }
 
-Status OptimizerState::Initialize(size_t i, const float* params) {
+namespace {
+
+// A moment of tensor `t` in the whole-tensor layout (all codes, then for int8 all scales) and a
+// chunk's image of it (the chunk's codes, then its scales): `to_image` copies the chunk
+// [first, first + n) one way or the other.
+void MomentChunk(StatePrecision p, uint64_t total, std::byte* whole, std::byte* image,
+                 uint64_t first, uint64_t n, bool to_image) {
+  auto copy = [to_image](std::byte* w, std::byte* i, uint64_t bytes) {
+    if (to_image) {
+      std::memcpy(i, w, bytes);
+    } else {
+      std::memcpy(w, i, bytes);
+    }
+  };
+  const uint64_t code_bytes = MomentCodeBytes(p, n);
+  copy(whole + MomentCodeBytes(p, first), image, code_bytes);
+  if (p == StatePrecision::kInt8) {
+    const uint64_t scales = (n + kInt8StateBlock - 1) / kInt8StateBlock;
+    copy(whole + MomentCodeBytes(p, total) + 4 * (first / kInt8StateBlock), image + code_bytes,
+         4 * scales);
+  }
+}
+
+}  // namespace
+
+Status OptimizerState::Write(size_t i, const float* params, const void* m, const void* v) {
   if (i >= tensors_.size()) return OutOfRangeError(StrCat("optimizer state: no tensor ", i));
   const OptimizerTensor& t = tensors_[i];
+  const StatePrecision p = options_.precision;
+  const void* moments[2] = {m, v};
+  // Chunk [first, first + n)'s moment j into `image` (zeros without a given moment).
+  auto moment_in = [&](int j, std::byte* image, uint64_t first, uint64_t n) {
+    if (moments[j] == nullptr) {
+      std::memset(image, 0, AdamMomentBytes(p, n));
+      return;
+    }
+    MomentChunk(p, t.n, const_cast<std::byte*>(static_cast<const std::byte*>(moments[j])), image,
+                first, n, /*to_image=*/true);
+  };
   if (in_host(i)) {
     std::memcpy(params_[i].data(), params, 4 * t.n);
-    std::memset(m_[i].data(), 0, m_[i].size());
-    std::memset(v_[i].data(), 0, v_[i].size());
+    for (uint64_t first = 0; first < t.n; first += chunk_) {
+      const uint64_t offset = AdamMomentBytes(p, first);
+      const uint64_t n = std::min(chunk_, t.n - first);
+      moment_in(0, m_[i].data() + offset, first, n);
+      moment_in(1, v_[i].data() + offset, first, n);
+    }
     return Status::Ok();
   }
   ZO_RETURN_IF_ERROR(broken_);
@@ -238,14 +278,16 @@ Status OptimizerState::Initialize(size_t i, const float* params) {
   ZO_RETURN_IF_ERROR(swap_->BeginWrite({key}));
   Slot& slot = *slots_[0];
   for (size_t k = first_item_[i]; k < first_item_[i + 1]; ++k) {
-    const auto offsets = PartOffsets(items_[k].n);
+    const Item& it = items_[k];
+    const auto offsets = PartOffsets(it.n);
     const auto [offset, bytes] = ItemRange(k);
-    std::memset(slot.images.data(), 0, bytes);  // zero moments (and padding)
-    std::memcpy(slot.part(offsets, 0), params + items_[k].first, 4 * items_[k].n);
+    std::memset(slot.images.data(), 0, bytes);  // padding
+    std::memcpy(slot.part(offsets, 0), params + it.first, 4 * it.n);
+    for (int j = 0; j < 2; ++j) moment_in(j, slot.part(offsets, j + 1), it.first, it.n);
     const std::span<const std::byte> data(slot.images.data(), bytes);
     ZO_RETURN_IF_ERROR(swap_->Checksum(key, offset, data, options_.threads));
     ZO_RETURN_IF_ERROR(
-        swap_->Write(key, offset, data).Wait().WithContext(StrCat("initializing '", t.name, "'")));
+        swap_->Write(key, offset, data).Wait().WithContext(StrCat("writing '", t.name, "'")));
   }
   return swap_->Commit(/*defer_manifest=*/false, {key});
 }
@@ -254,19 +296,9 @@ Status OptimizerState::Read(size_t i, float* params, void* m, void* v) {
   if (i >= tensors_.size()) return OutOfRangeError(StrCat("optimizer state: no tensor ", i));
   const OptimizerTensor& t = tensors_[i];
   const StatePrecision p = options_.precision;
-  const uint64_t codes_total = MomentCodeBytes(p, t.n);
-  void* moments[2] = {m, v};
-  // A chunk's moment image (codes, then for int8 the chunk's scales) into the whole-tensor
-  // layout (all codes, then all scales).
-  auto moment_out = [&](int j, const std::byte* image, uint64_t first, uint64_t n) {
-    auto* out = static_cast<std::byte*>(moments[j]);
-    const uint64_t code_bytes = MomentCodeBytes(p, n);
-    std::memcpy(out + MomentCodeBytes(p, first), image, code_bytes);
-    if (p == StatePrecision::kInt8) {
-      const uint64_t scales = (n + kInt8StateBlock - 1) / kInt8StateBlock;
-      std::memcpy(out + codes_total + 4 * (first / kInt8StateBlock), image + code_bytes,
-                  4 * scales);
-    }
+  std::byte* moments[2] = {static_cast<std::byte*>(m), static_cast<std::byte*>(v)};
+  auto moment_out = [&](int j, std::byte* image, uint64_t first, uint64_t n) {
+    MomentChunk(p, t.n, moments[j], image, first, n, /*to_image=*/false);
   };
   if (in_host(i)) {
     std::memcpy(params, params_[i].data(), params_[i].size());

@@ -135,8 +135,9 @@ class OptimizerState {
   /// Host bytes held: the state in host memory and the pipeline slots.
   uint64_t host_bytes() const;
 
-  /// Sets tensor i's master parameters and zeroes its moments (and writes them durably).
-  Status Initialize(size_t i, const float* params);
+  /// Sets tensor i's state (and writes it durably): master parameters (n floats), and m and v
+  /// in Read's layout (AdamMomentBytes each), or zeros where null.
+  Status Write(size_t i, const float* params, const void* m = nullptr, const void* v = nullptr);
   /// Copies tensor i's state out: params (n floats), m and v (AdamMomentBytes each).
   Status Read(size_t i, float* params, void* m, void* v);
 

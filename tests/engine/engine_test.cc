@@ -300,6 +300,61 @@ INSTANTIATE_TEST_SUITE_P(Combinations, EngineTest, ::testing::ValuesIn(AllCases(
 
 // fp16 with dynamic loss scaling: an overflow skips the step (state and parameters untouched),
 // halves the scale (hysteresis 1) and the next steps go on exactly as in memory.
+// A checkpoint's restore: state read after 3 steps and loaded (with the step count) into an
+// engine over other parameters continues bit-identically to the engine it came from, for each
+// state precision, in host memory and on NVMe (half of it in host memory).
+TEST(EngineRestore, LoadStateContinuesBitIdentically) {
+  for (StatePrecision precision :
+       {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+    for (const char* home : {"host", "nvme50"}) {
+      SCOPED_TRACE(StrCat(ToString(precision), " ", home));
+      const Case c{1, true, precision, home};
+      TempDir dir_a, dir_b;
+      Model a_model(1), b_model(7);
+      EngineOptions eo;
+      eo.host_params = true;
+      eo.groups = Groups();
+      eo.chunk_elements = kChunk;
+      auto a = OffloadEngine::Create(MakeConfig(c, dir_a.path()), a_model.Specs(), eo);
+      auto b = OffloadEngine::Create(MakeConfig(c, dir_b.path()), b_model.Specs(), eo);
+      ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+      auto step = [](OffloadEngine& e, int seed) {
+        const auto grads = Grads(seed);
+        for (size_t i = 0; i < kSizes.size(); ++i) {
+          ASSERT_TRUE(e.GradientReady(Name(i), grads[i].data(), kSizes[i], DType::kBf16).ok());
+        }
+        ASSERT_TRUE(e.Step().ok());
+      };
+      for (int s = 1; s <= 3; ++s) step(**a, s);
+      for (size_t i = 0; i < kSizes.size(); ++i) {
+        std::vector<float> p(kSizes[i]);
+        std::vector<std::byte> m(AdamMomentBytes(precision, kSizes[i])), v(m.size());
+        ASSERT_TRUE((*a)->ReadState(Name(i), p.data(), m.data(), v.data()).ok());
+        ASSERT_TRUE((*b)->LoadState(Name(i), p.data(), m.data(), v.data()).ok());
+        EXPECT_EQ(b_model.params[i], a_model.params[i]) << "the parameter follows the master";
+      }
+      ASSERT_TRUE((*b)->SetSteps((*a)->steps()).ok());
+      for (int s = 4; s <= 6; ++s) {
+        step(**a, s);
+        step(**b, s);
+      }
+      for (size_t i = 0; i < kSizes.size(); ++i) {
+        std::vector<float> pa(kSizes[i]), pb(kSizes[i]);
+        std::vector<std::byte> ma(AdamMomentBytes(precision, kSizes[i])), va(ma.size()),
+            mb(ma.size()), vb(ma.size());
+        ASSERT_TRUE((*a)->ReadState(Name(i), pa.data(), ma.data(), va.data()).ok());
+        ASSERT_TRUE((*b)->ReadState(Name(i), pb.data(), mb.data(), vb.data()).ok());
+        EXPECT_EQ(pa, pb) << Name(i);
+        EXPECT_EQ(ma, mb) << Name(i);
+        EXPECT_EQ(va, vb) << Name(i);
+        EXPECT_EQ(a_model.params[i], b_model.params[i]) << Name(i);
+      }
+      EXPECT_FALSE((*b)->LoadState("nope", nullptr, nullptr, nullptr).ok());
+      EXPECT_FALSE((*b)->SetSteps(-1).ok());
+    }
+  }
+}
+
 TEST(EngineFp16, OverflowSkipsTheStepAndHalvesTheScale) {
   TempDir dir;
   for (const char* home : {"host", "nvme"}) {

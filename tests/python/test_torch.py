@@ -225,3 +225,39 @@ def test_bad_parameters_are_refused():
     assert issubclass(zoffload.ResourceExhausted, MemoryError)
     assert issubclass(zoffload.DataLoss, OSError)
     assert issubclass(zoffload.ConfigError, ValueError)
+
+
+def test_state_dict_round_trip_continues_bit_identically():
+    data = batches(12)
+    cfg = config(gradient_clipping=1.0)
+
+    def run(model, opt, part):
+        for (tokens,) in part:
+            loss_of(model, tokens).backward()
+            opt.step()
+
+    model = make_model()
+    opt = zt.OffloadOptimizer(groups_of(model, 0.05), cfg, lr=3e-3)
+    run(model, opt, data[:6])
+    saved = opt.state_dict()
+    saved_params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    run(model, opt, data[6:])  # the run to reproduce
+    assert saved["steps"] == 6 and len(saved["state"]) == len(saved_params)
+
+    fresh = make_model(seed=5)  # other values: load_state_dict must set the parameters
+    opt2 = zt.OffloadOptimizer(groups_of(fresh, 0.05), cfg, lr=3e-3)
+    opt2.load_state_dict(saved)
+    for n, p in fresh.named_parameters():
+        assert torch.equal(p.detach(), saved_params[n]), n
+    run(fresh, opt2, data[6:])
+    for (n, a), (_, b) in zip(model.named_parameters(), fresh.named_parameters()):
+        assert torch.equal(a.detach(), b.detach()), n
+    assert opt2.engine.steps == 12
+    broken = {**saved, "state": {k: v for k, v in list(saved["state"].items())[1:]}}
+    with pytest.raises(zoffload.InvalidArgument, match="missing"):
+        opt2.load_state_dict(broken)
+    short = dict(saved["state"])
+    name = next(iter(short))
+    short[name] = {**short[name], "exp_avg": short[name]["exp_avg"][:-1]}
+    with pytest.raises(zoffload.InvalidArgument, match="bytes"):
+        opt2.load_state_dict({**saved, "state": short})

@@ -140,7 +140,7 @@ TEST_P(OptimizerStateTest, StepsAreBitIdenticalToInMemoryAdam) {
   ASSERT_TRUE(state.ok()) << state.status();
   Reference ref(variant.precision, 1);
   for (size_t i = 0; i < kSizes.size(); ++i) {
-    const Status init = (*state)->Initialize(i, ref.params[i].data());
+    const Status init = (*state)->Write(i, ref.params[i].data());
     ASSERT_TRUE(init.ok()) << init;
   }
   std::vector<std::vector<uint16_t>> copies;
@@ -235,7 +235,7 @@ TEST(OptimizerStateFaults, OverflowSkipsWithoutWriting) {
   ASSERT_TRUE(state.ok()) << state.status();
   Reference ref(StatePrecision::kFp32, 3);
   for (size_t i = 0; i < kSizes.size(); ++i) {
-    ASSERT_TRUE((*state)->Initialize(i, ref.params[i].data()).ok());
+    ASSERT_TRUE((*state)->Write(i, ref.params[i].data()).ok());
   }
   state->reset();
   o.runtime.wrap_backend = InjectFaults(plan);  // from now on every write would fail
@@ -293,7 +293,7 @@ TEST(OptimizerStateFaults, ReadErrorAndChecksumMismatchLeaveTheStateAsBefore) {
       auto state = Make(Tensors(), o);
       ASSERT_TRUE(state.ok()) << state.status();
       for (size_t i = 0; i < kSizes.size(); ++i) {
-        ASSERT_TRUE((*state)->Initialize(i, ref.params[i].data()).ok());
+        ASSERT_TRUE((*state)->Write(i, ref.params[i].data()).ok());
       }
       if (fault == 1) {  // flip one byte of layer4's m, in its first chunk, in the current copy
         // Each chunk is its params, m and v images, each padded to 64 KiB blocks: layers 0..2
@@ -376,7 +376,7 @@ TEST(OptimizerStateFaults, KilledMidStepLosesOnlyThatStep) {
     auto state = Make(Tensors(), Options(StateHome::kNvme, StatePrecision::kFp32, dir.path()));
     ASSERT_TRUE(state.ok()) << state.status();
     for (size_t i = 0; i < kSizes.size(); ++i) {
-      ASSERT_TRUE((*state)->Initialize(i, ref.params[i].data()).ok());
+      ASSERT_TRUE((*state)->Write(i, ref.params[i].data()).ok());
     }
     before = Snapshot(*state->state);
   }

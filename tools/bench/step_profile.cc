@@ -186,7 +186,7 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   Progress init_progress(
       StrCat("step: writing the initial state of ", HumanBytes(o.params), " params"), o.tensors);
   for (int t = 0; t < o.tensors; ++t) {
-    ZO_RETURN_IF_ERROR(state->Initialize(t, init.as<float>()));
+    ZO_RETURN_IF_ERROR(state->Write(t, init.as<float>()));
     init_progress.Step(tensors[t].name);
   }
   init_progress.Done();
