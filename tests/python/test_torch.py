@@ -261,3 +261,28 @@ def test_state_dict_round_trip_continues_bit_identically():
     short[name] = {**short[name], "exp_avg": short[name]["exp_avg"][:-1]}
     with pytest.raises(zoffload.InvalidArgument, match="bytes"):
         opt2.load_state_dict({**saved, "state": short})
+
+
+def test_fp16_loss_scale_skips_overflowing_steps():
+    model = make_model()
+    cfg = config(fp16={"enabled": True, "initial_scale_power": 8, "hysteresis": 1})
+    opt = zt.OffloadOptimizer(model.named_parameters(), cfg, lr=1e-3)
+    assert opt.loss_scale == 256.0
+    (tokens,) = batches(1)[0]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    (loss_of(model, tokens) * float("inf")).backward()  # an overflow
+    opt.step()
+    assert opt.skipped_steps == 1 and opt.stats()["skipped"]
+    assert opt.loss_scale == 128.0
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), before[n]), f"{n} changed on a skipped step"
+    opt.backward(loss_of(model, tokens))  # scaled by 128; the engine unscales
+    opt.step()
+    assert opt.skipped_steps == 1 and opt.stats()["step"] == 1
+    assert opt.stats()["grad_norm"] > 0
+    ref_model = make_model()
+    ref = torch.optim.AdamW(ref_model.parameters(), lr=1e-3)
+    loss_of(ref_model, tokens).backward()
+    ref.step()
+    for (n, a), (_, b) in zip(model.named_parameters(), ref_model.named_parameters()):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6, msg=n)
