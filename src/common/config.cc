@@ -683,7 +683,7 @@ Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& optio
   try {
     DuplicateKeyFinder duplicates(&errors);
     root = Json::parse(json_text.begin(), json_text.end(), std::ref(duplicates));
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // a syntax error, or a number out of range (1e309)
     std::string what = e.what();
     // Drop nlohmann's "[json.exception.parse_error.101] " prefix: users need line/column.
     if (const size_t close = what.find("] "); close != std::string::npos) what.erase(0, close + 2);

@@ -223,6 +223,13 @@ TEST(ConfigTest, MalformedJsonReportsLineAndColumn) {
   ExpectError("", {"invalid JSON"});
 }
 
+// nlohmann throws out_of_range (not parse_error) for numbers past double's range: it was an
+// uncaught exception, a SIGABRT in every tool that reads a config.
+TEST(ConfigTest, NumbersPastDoublesRangeAreErrorsNotCrashes) {
+  ExpectError(R"({"x": 1e309})", {"test.json: invalid JSON", "number overflow", "1e309"});
+  ExpectError(R"({"gradient_clipping": -1e400})", {"invalid JSON", "-1e400"});
+}
+
 TEST(ConfigTest, DuplicateKeysAreErrors) {
   ExpectError(R"({"aio": {"queue_depth": 8, "queue_depth": 16}})",
               {"aio.queue_depth: duplicate key"});
