@@ -71,7 +71,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         **known: Any,
     ) -> None:
         if config is None:  # the optimizer in host memory, every other default
-            config = {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
+            config = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
         given = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
         self._config_json = load_config(config, **given, **known)
         cfg = json.loads(self._config_json)

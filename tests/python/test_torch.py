@@ -286,3 +286,12 @@ def test_fp16_loss_scale_skips_overflowing_steps():
     ref.step()
     for (n, a), (_, b) in zip(model.named_parameters(), ref_model.named_parameters()):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_defaults_alone_train_in_host_memory():
+    model = make_model()
+    opt = zt.OffloadOptimizer(model.parameters(), lr=1e-3)  # no config: optimizer in host memory
+    (tokens,) = batches(1)[0]
+    loss_of(model, tokens).backward()
+    opt.step()
+    assert opt.stats()["step"] == 1 and opt.engine.host_bytes > 0
