@@ -47,7 +47,7 @@ fi
 
 if $python; then
   wanted=(nanobind scikit-build-core numpy pytest "torch>=2.1" transformers accelerate)
-  if [ -x .venv/bin/python ] && .venv/bin/python -c "import nanobind, numpy, pytest, torch" 2>/dev/null; then
+  if [ -x .venv/bin/python ] && .venv/bin/python -c "import nanobind, numpy, pytest, torch, transformers, accelerate" 2>/dev/null; then
     echo "install-deps: .venv has the Python packages"
   else
     echo "install-deps: making .venv with ${wanted[*]} (torch from PyPI: a few GB, a few minutes)"
