@@ -332,8 +332,8 @@ struct TensorStore::Impl {
 
   // Makes the GPU copy of a host or nvme tensor; fills it from the host copy unless it is to
   // be overwritten: now, or once the host copy's load is in (mu held by `lock`, released while
-  // making room). Pinned host copies (the default with a GPU) go in one DMA; a pageable one is
-  // read into staging before the upload's future exists (on the I/O thread when chained).
+  // making room). Pinned host copies (the default with a GPU) go in one DMA, chained to the
+  // load; a pageable one is read into staging once the load is in, with mu released.
   Status Upload(std::unique_lock<std::mutex>& lock, StoreEntry& e, bool fill) {
     ZO_RETURN_IF_ERROR(DeviceCopiesAvailable(rt).WithContext("tensor store"));
     if (e.has_device()) {
@@ -347,9 +347,25 @@ struct TensorStore::Impl {
     gpu_used += e.bytes;
     if (!fill) return Status::Ok();
     stats.bytes_to_gpu += e.bytes;
+    if (!e.host.pinned()) {
+      // Staging blocks until the host copy is read: not under mu, nor on an I/O thread.
+      Future<> load, upload;
+      {
+        std::lock_guard move_lock(e.move_mu);
+        load = e.load;
+      }
+      ZO_RETURN_IF_ERROR(Unlocked(lock, e, [&] {
+        const Status loaded = load.Wait();
+        upload = loaded.ok() ? e.device->StartUpload(e.host) : Future<>::Ready(loaded);
+        return Status::Ok();
+      }));
+      std::lock_guard move_lock(e.move_mu);
+      e.upload = std::move(upload);
+      return Status::Ok();
+    }
     std::lock_guard move_lock(e.move_mu);
     if (!e.load.valid()) {
-      e.upload = e.device->StartUpload(e.host);
+      e.upload = e.device->StartUpload(e.host);  // one DMA, enqueued
       return Status::Ok();
     }
     // After the load (at once when it is in); a failed load fails the upload. While the
