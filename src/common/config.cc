@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <set>
@@ -25,6 +26,7 @@
 namespace zoffload {
 
 using internal::EditDistance;
+using internal::HumanBytes;
 using internal::ParseByteSize;
 using internal::StatusFromErrno;
 using internal::StrCat;
@@ -702,12 +704,25 @@ Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& optio
 }
 
 Result<Config> LoadConfigFile(const std::string& path, int world_size) {
+  // A config is a few KiB; reading /dev/zero or a log file by mistake must not eat the memory.
+  constexpr std::streamsize kMaxConfigBytes = std::streamsize{16} << 20;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return InvalidArgumentError(StrCat("config file ", path, " is a directory"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return StatusFromErrno(errno != 0 ? errno : ENOENT, StrCat("config file ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
+  std::string text;
+  char buffer[1 << 16];
+  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
+    text.append(buffer, static_cast<size_t>(in.gcount()));
+    if (text.size() > static_cast<size_t>(kMaxConfigBytes)) {
+      return InvalidArgumentError(StrCat("config file ", path, " is larger than ",
+                                         HumanBytes(kMaxConfigBytes), ": not a config"));
+    }
+  }
   if (in.bad()) return StatusFromErrno(errno != 0 ? errno : EIO, StrCat("read config file ", path));
-  return ParseConfig(text.str(), ParseOptions{world_size, path});
+  return ParseConfig(text, ParseOptions{world_size, path});
 }
 
 std::string SerializeConfig(const Config& config) {

@@ -395,6 +395,21 @@ TEST(ConfigTest, LoadConfigFileNamesTheFile) {
   EXPECT_NE(missing.status().message().find("nope.json"), std::string::npos);
 }
 
+// A directory said "unexpected end of input"; /dev/zero was read until memory ran out.
+TEST(ConfigTest, LoadConfigFileRefusesDirectoriesAndEndlessFiles) {
+  testing::TempDir dir;
+  auto directory = LoadConfigFile(dir.path());
+  ASSERT_FALSE(directory.ok());
+  EXPECT_NE(directory.status().message().find("is a directory"), std::string::npos)
+      << directory.status();
+  auto endless = LoadConfigFile("/dev/zero");
+  ASSERT_FALSE(endless.ok());
+  EXPECT_EQ(endless.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(endless.status().message().find("/dev/zero is larger than 16.00 MiB"),
+            std::string::npos)
+      << endless.status();
+}
+
 TEST(ConfigTest, ValidateConfigChecksStructsBuiltInCode) {
   Config c;
   c.zero_optimization.stage = 2;
