@@ -444,25 +444,42 @@ class KeyLister {
 // their path.
 class DuplicateKeyFinder {
  public:
+  // Deeper nesting is an error: no config needs it, and every level costs the parser memory.
+  static constexpr int kMaxDepth = 64;
+
   explicit DuplicateKeyFinder(std::vector<std::string>* errors) : errors_(errors) {}
 
-  bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
+  // `depth` counts the enclosing containers (nlohmann's; it stays right inside discarded
+  // values, whose end events are not reported).
+  bool operator()(int depth, Json::parse_event_t event, Json& parsed) {
     switch (event) {
       case Json::parse_event_t::object_start:
-        scopes_.push_back({true, {}, PathOfNext(), {}});
+      case Json::parse_event_t::array_start: {
+        if (depth >= kMaxDepth) {
+          if (!too_deep_) {
+            too_deep_ = true;
+            errors_->push_back(
+                StrCat(Path(scopes_.size()), ": nested deeper than ", kMaxDepth, " levels"));
+          }
+          return false;  // discarded, with everything inside it
+        }
+        scopes_.resize(static_cast<size_t>(depth));
+        std::string segment;
+        if (!scopes_.empty()) segment = scopes_.back().is_object ? scopes_.back().last_key : "[]";
+        scopes_.push_back({event == Json::parse_event_t::object_start, {}, std::move(segment), {}});
         break;
-      case Json::parse_event_t::array_start:
-        scopes_.push_back({false, {}, PathOfNext(), {}});
-        break;
+      }
       case Json::parse_event_t::object_end:
       case Json::parse_event_t::array_end:
-        if (!scopes_.empty()) scopes_.pop_back();
+        scopes_.resize(std::min(scopes_.size(), static_cast<size_t>(depth)));
         break;
       case Json::parse_event_t::key: {
+        if (depth > kMaxDepth || scopes_.empty()) break;
+        scopes_.resize(static_cast<size_t>(depth));
         Scope& scope = scopes_.back();
         const std::string key = parsed.get<std::string>();
         if (!scope.keys.insert(key).second) {
-          errors_->push_back(StrCat(JoinPath(scope.path, key), ": duplicate key"));
+          errors_->push_back(StrCat(JoinPath(Path(scopes_.size()), key), ": duplicate key"));
         }
         scope.last_key = key;
         break;
@@ -477,17 +494,21 @@ class DuplicateKeyFinder {
   struct Scope {
     bool is_object;
     std::set<std::string> keys;
-    std::string path;
+    std::string segment;  // its key in the parent object, "[]" in an array, "" at the root
     std::string last_key;
   };
-  std::string PathOfNext() const {
-    if (scopes_.empty()) return "";
-    const Scope& parent = scopes_.back();
-    return parent.is_object ? JoinPath(parent.path, parent.last_key) : StrCat(parent.path, "[]");
+  // The path of the scope at `depth` (1: the root), built only when an error needs it.
+  std::string Path(size_t depth) const {
+    std::string path;
+    for (size_t i = 1; i < depth && i < scopes_.size(); ++i) {
+      path = scopes_[i].segment == "[]" ? StrCat(path, "[]") : JoinPath(path, scopes_[i].segment);
+    }
+    return path;
   }
 
   std::vector<std::string>* errors_;
   std::vector<Scope> scopes_;
+  bool too_deep_ = false;
 };
 
 // ---- cross-field rules ------------------------------------------------------------------
