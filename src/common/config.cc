@@ -547,6 +547,19 @@ void ResolveBatchSizes(Config& c, int world_size, RuleChecker& check) {
   }
   if (!ok) return;
   const int64_t ws = world_size;
+  // The products below must not wrap: a wrapped product could "match" (2^62 + 1 times 4).
+  int64_t probe;
+  if ((micro && __builtin_mul_overflow(*micro, ws, &probe)) ||
+      (accumulation && __builtin_mul_overflow(*accumulation, ws, &probe)) ||
+      (micro && accumulation &&
+       (__builtin_mul_overflow(*micro, *accumulation, &probe) ||
+        __builtin_mul_overflow(probe, ws, &probe)))) {
+    check.Require(false, "train_micro_batch_size_per_gpu",
+                  StrCat("train_micro_batch_size_per_gpu (", micro.value_or(1),
+                         ") x gradient_accumulation_steps (", accumulation.value_or(1),
+                         ") x world size (", ws, ") overflows a 64-bit count"));
+    return;
+  }
   if (train && micro && accumulation) {
     const int64_t product = *micro * *accumulation * ws;
     check.Require(*train == product, "train_batch_size",

@@ -395,6 +395,16 @@ TEST(ConfigTest, LoadConfigFileNamesTheFile) {
   EXPECT_NE(missing.status().message().find("nope.json"), std::string::npos);
 }
 
+// The products wrapped: 4611686018427387905 x 4 = 4 (mod 2^64) "matched" a batch of 4.
+TEST(ConfigTest, BatchArithmeticThatOverflowsIsAnError) {
+  ExpectError(R"({"train_micro_batch_size_per_gpu": 4611686018427387905,
+                 "gradient_accumulation_steps": 4, "train_batch_size": 4})",
+              {"overflows a 64-bit count"});
+  ExpectError(R"({"train_micro_batch_size_per_gpu": 4611686018427387904,
+                 "gradient_accumulation_steps": 2})",
+              {"overflows a 64-bit count"});
+}
+
 // Each level kept its whole path: 30k levels took 891 MB, 100k aborted with bad_alloc.
 TEST(ConfigTest, DeepNestingIsAnErrorAtLinearCost) {
   constexpr int kLevels = 200000;
