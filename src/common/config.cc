@@ -175,8 +175,26 @@ void VisitStruct(V& v, Config& c) {
   v.Object("zoffload", c.zoffload);
 }
 
+// `key` as it may be printed: control characters (an ANSI escape in a key would drive the
+// terminal) as \xNN.
+std::string PrintableKey(std::string_view key) {
+  std::string out;
+  for (const char c : key) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 15];
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 std::string JoinPath(const std::string& prefix, std::string_view key) {
-  return prefix.empty() ? std::string(key) : StrCat(prefix, ".", key);
+  return prefix.empty() ? PrintableKey(key) : StrCat(prefix, ".", PrintableKey(key));
 }
 
 std::string Describe(const Json& node) {
@@ -246,7 +264,13 @@ class Reader {
         }
       }
       std::string message = "unknown key";
-      if (!nearest.empty() && best <= std::max<size_t>(2, key.size() / 3)) {
+      const size_t dot = key.find('.');
+      if (dot != std::string::npos &&
+          std::find(known_.begin(), known_.end(), key.substr(0, dot)) != known_.end()) {
+        // "offload_optimizer.device" written as one key inside zero_optimization.
+        message += StrCat("; nested keys are objects: write \"", PrintableKey(key.substr(0, dot)),
+                          "\": {\"", PrintableKey(key.substr(dot + 1)), "\": ...}");
+      } else if (!nearest.empty() && best <= std::max<size_t>(2, key.size() / 3)) {
         message += StrCat("; did you mean '", nearest, "'?");
       } else {
         std::string valid;

@@ -395,6 +395,19 @@ TEST(ConfigTest, LoadConfigFileNamesTheFile) {
   EXPECT_NE(missing.status().message().find("nope.json"), std::string::npos);
 }
 
+// A dotted key got the hint "did you mean 'offload_optimizer'?"; a key with an ANSI escape was
+// printed raw, driving the terminal.
+TEST(ConfigTest, DottedKeysAndControlCharactersInKeys) {
+  ExpectError(R"({"zero_optimization": {"offload_optimizer.device": "cpu"}})",
+              {"zero_optimization.offload_optimizer.device: unknown key; nested keys are objects: "
+               "write \"offload_optimizer\": {\"device\": ...}"});
+  auto escaped = Parse(R"({"aio": {"\u001b[31mred": 1}})");  // JSON's escape for ESC
+  ASSERT_FALSE(escaped.ok());
+  const std::string message(escaped.status().message());
+  EXPECT_EQ(message.find('\x1b'), std::string::npos) << "a raw escape in: " << message;
+  EXPECT_NE(message.find("aio.\\x1b[31mred: unknown key"), std::string::npos) << message;
+}
+
 // The products wrapped: 4611686018427387905 x 4 = 4 (mod 2^64) "matched" a batch of 4.
 TEST(ConfigTest, BatchArithmeticThatOverflowsIsAnError) {
   ExpectError(R"({"train_micro_batch_size_per_gpu": 4611686018427387905,
