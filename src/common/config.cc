@@ -698,16 +698,29 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
                 "aio.intra_op_parallelism",
                 StrCat("must be in [1, 256], got ", aio.intra_op_parallelism));
 
-  const ZoffloadSection& zs = c.zoffload;
+  ZoffloadSection& zs = c.zoffload;
   check.Require(zs.cpu_adam_threads >= 0 && zs.cpu_adam_threads <= 4096,
                 "zoffload.cpu_adam_threads",
                 StrCat("must be in [0, 4096] (0 = physical cores), got ", zs.cpu_adam_threads));
+  for (const auto& [dir, key] : {std::pair{&c.zero_optimization.offload_optimizer.nvme_path,
+                                           "zero_optimization.offload_optimizer.nvme_path"},
+                                 std::pair{&c.zero_optimization.offload_param.nvme_path,
+                                           "zero_optimization.offload_param.nvme_path"}}) {
+    check.Require(dir->find('\0') == std::string::npos, key, "contains a NUL byte");
+  }
   std::set<std::string> seen;
   for (size_t i = 0; i < zs.nvme_paths.size(); ++i) {
+    std::string& dir = zs.nvme_paths[i];
     const std::string path = StrCat("zoffload.nvme_paths[", i, "]");
-    check.Require(!zs.nvme_paths[i].empty(), path, "must not be empty");
-    check.Require(seen.insert(zs.nvme_paths[i]).second, path,
-                  StrCat("\"", zs.nvme_paths[i], "\" is listed twice"));
+    check.Require(!dir.empty(), path, "must not be empty");
+    check.Require(dir.find('\0') == std::string::npos, path, "contains a NUL byte");
+    if (dir.empty()) continue;
+    // "/a", "/a/" and "/a//." are one directory: compared, and kept, in one spelling.
+    std::string normal = std::filesystem::path(dir).lexically_normal().string();
+    while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+    check.Require(seen.insert(normal).second, path,
+                  StrCat("\"", dir, "\" is listed twice (as \"", normal, "\")"));
+    dir = normal;
   }
   for (const auto& [value, name] : {std::pair{zs.budgets.gpu_bytes, "gpu_bytes"},
                                     std::pair{zs.budgets.pinned_host_bytes, "pinned_host_bytes"},
