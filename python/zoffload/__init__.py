@@ -10,7 +10,20 @@ built-in (``ConfigError`` is a ``ValueError``, ``ResourceExhausted`` a ``MemoryE
 ``DataLoss`` an ``OSError``, ...).
 """
 
-from ._zoffload import (
+import os as _os
+import sys as _sys
+
+# libzoffload's OpenMP is the system's libgomp. torch loads its own renamed copy with
+# RTLD_GLOBAL; without deep binding, some of libzoffload's OpenMP calls would resolve into that
+# copy and others into the system one, two runtimes mixed in one parallel region.
+_flags = _sys.getdlopenflags()
+_sys.setdlopenflags(_flags | getattr(_os, "RTLD_DEEPBIND", 0))
+try:
+    from . import _zoffload  # noqa: F401  (loaded here, with deep binding)
+finally:
+    _sys.setdlopenflags(_flags)
+
+from ._zoffload import (  # noqa: E402
     AlreadyExists,
     Cancelled,
     ConfigError,
@@ -28,7 +41,7 @@ from ._zoffload import (
     Unavailable,
     Unimplemented,
 )
-from .config import load_config
+from .config import load_config  # noqa: E402
 
 __all__ = [
     "AlreadyExists",

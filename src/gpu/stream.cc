@@ -3,6 +3,8 @@
 #include <functional>
 #include <memory>
 #include <utility>
+#include <vector>
+#include <mutex>
 
 #include "common/log.h"
 #include "common/strings.h"
@@ -98,10 +100,41 @@ Status OrderAfter(cudaStream_t waiter, cudaStream_t producer, CudaEvent& event) 
 
 namespace {
 
+// Events of device futures, reused. A future's state may be destroyed on a CUDA callback
+// thread (its last copy sits in a Then callback), where cudaEventDestroy is not permitted:
+// its event goes back here instead, and is recorded again by a later future.
+class EventPool {
+ public:
+  static EventPool& Get() {
+    static EventPool* pool = new EventPool();  // never destroyed: callbacks may outlive main
+    return *pool;
+  }
+  Result<CudaEvent> Take() {
+    {
+      std::lock_guard lock(mu_);
+      if (!free_.empty()) {
+        CudaEvent event = std::move(free_.back());
+        free_.pop_back();
+        return event;
+      }
+    }
+    return CudaEvent::Create();
+  }
+  void Give(CudaEvent event) {
+    std::lock_guard lock(mu_);
+    free_.push_back(std::move(event));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<CudaEvent> free_;
+};
+
 // A future's device side: an event recorded after the work, on the work's stream.
 class EventSignal final : public DeviceSignal {
  public:
   EventSignal(CudaEvent event, cudaStream_t stream) : event_(std::move(event)), stream_(stream) {}
+  ~EventSignal() override { EventPool::Get().Give(std::move(event_)); }
   Result<bool> Done() override { return event_.Done(); }
   Status Wait() override { return event_.Synchronize(); }
   Status OrderBefore(void* stream) override {
@@ -134,7 +167,7 @@ class EventSignal final : public DeviceSignal {
 }  // namespace
 
 Future<> FutureAfterWork(cudaStream_t stream) {
-  Result<CudaEvent> event = CudaEvent::Create();
+  Result<CudaEvent> event = EventPool::Get().Take();
   if (!event.ok()) return Future<>::Ready(event.status());
   if (Status s = event->Record(stream); !s.ok()) return Future<>::Ready(s);
   return DeviceFuture(std::make_unique<EventSignal>(std::move(event).value(), stream));

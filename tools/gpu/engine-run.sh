@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# On the GPU machine, after tools/gpu/run-gpu-tests.sh has built build-gpu: the GPU tests of
-# the engine, the tensor store and the copy engine under compute-sanitizer, then
-# zoffload-bench engine at 1G params and/or at a 7B model's size (6.74B params, 291 tensors,
-# backward stand-in of 670 ms, 16 threads), JSON into OUTDIR.
-#   tools/gpu/run-gpu-tests.sh tools/gpu/engine-run.sh OUTDIR [1g] [7b]   (default: both)
+# On the GPU machine, after tools/gpu/run-gpu-tests.sh has built build-gpu, any of:
+#   memcheck  the GPU tests of the engine, the tensor store and the copy engine under
+#             compute-sanitizer, and the engine's GPU tests 5 times over;
+#   python    tests/python (CUDA cases included) and examples/finetune.py (GPT-2 small shape,
+#             50 steps) with zoffload and with the torch fp32-master reference;
+#   1g, 7b    zoffload-bench engine at 1G params and at a 7B model's size (6.74B params,
+#             291 tensors, backward stand-in of 670 ms), 16 threads.
+# Output and JSON into OUTDIR.
+#   tools/gpu/run-gpu-tests.sh tools/gpu/engine-run.sh OUTDIR [memcheck] [python] [1g] [7b]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?output directory}
 shift
-sizes=${*:-1g 7b}
+parts=${*:-memcheck python 1g 7b}
 mkdir -p "$out"
 bench=$PWD/build-gpu/tools/zoffload-bench
 cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -17,27 +21,34 @@ memcheck() {  # name binary filter
     "build-gpu/tests/$2" --gtest_filter="$3" --gtest_brief=1 > "$out/memcheck_$1.txt" 2>&1
   echo "memcheck $1: exit $?"; tail -3 "$out/memcheck_$1.txt"
 }
-if [[ $sizes == *1g* ]]; then
+if [[ $parts == *memcheck* ]]; then
   echo "== compute-sanitizer memcheck"
   memcheck engine engine_test '*EngineGpu*'
   memcheck tiers tiers_test 'TensorStoreGpu.*:*/gpu'
   memcheck copies gpu_test 'CopyEngine*'
   echo "== the engine's GPU tests, 5 times over (timing-dependent faults)"
   build-gpu/tests/engine_test --gtest_filter='*EngineGpu*' --gtest_repeat=5 --gtest_brief=1 2>&1 | tail -3
-  echo "== the Python module on CUDA (and host mode)"
-  PYTHONPATH=build-gpu/python python3 -m pytest -q -p no:cacheprovider tests/python 2>&1 | tail -4
+fi
+if [[ $parts == *python* ]]; then
+  export PYTHONPATH=build-gpu/python
+  echo "== the Python module: tests/python (host mode and CUDA)"
+  timeout 300 python3 -X faulthandler -m pytest -v -p no:cacheprovider tests/python \
+    > "$out/pytest.txt" 2>&1
+  echo "pytest exit $?"; grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed|Fatal|Error" "$out/pytest.txt" | head -30
   echo "== examples/finetune.py: GPT-2 small shape, random init, 50 steps; zoffload, then torch"
   for mode in zoffload reference; do
     flag=$([ $mode = reference ] && echo --reference || true)
-    PYTHONPATH=build-gpu/python timeout 300 python3 examples/finetune.py $flag \
-      > "$out/finetune_$mode.txt" 2>&1
-    tail -1 "$out/finetune_$mode.txt"
+    timeout 300 python3 -X faulthandler examples/finetune.py $flag > "$out/finetune_$mode.txt" 2>&1
+    echo "exit $?"; tail -1 "$out/finetune_$mode.txt"
   done
+  unset PYTHONPATH
+fi
+if [[ $parts == *1g* ]]; then
   echo "== engine, 1G params"
   $bench engine --params 1G --tensors 72 --grad-ms 100 --threads 16 \
     --json "$out/engine_1g.json" --trace "$out/engine_1g_trace.json" 2>&1 | tail -9
 fi
-if [[ $sizes == *7b* ]]; then
+if [[ $parts == *7b* ]]; then
   echo "== engine, 6.74B params (a 7B model)"
   $bench engine --params 6738415616 --tensors 291 --grad-ms 670 --threads 16 \
     --json "$out/engine_7b.json" 2>&1 | tail -14
