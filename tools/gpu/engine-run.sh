@@ -31,6 +31,16 @@ if [[ $parts == *memcheck* ]]; then
 fi
 if [[ $parts == *python* ]]; then
   export PYTHONPATH=build-gpu/python
+  echo "== the Python module: first calls, without and with torch loaded first"
+  probe='import zoffload; print("parse_config:", len(zoffload.load_config({})), "bytes")'
+  timeout 60 python3 -X faulthandler -c "$probe" 2>&1 | tail -3
+  timeout 60 python3 -X faulthandler -c "import torch; $probe" 2>&1 | tail -3
+  LD_DEBUG=bindings timeout 60 python3 -c "import torch; $probe" 2> "$out/bindings.txt" >/dev/null
+  echo "libzoffload's symbols bound outside it, the libc family and CUDA aside:"
+  grep "binding file .*libzoffload" "$out/bindings.txt" | grep -v "to .*libzoffload" \
+    | grep -vE "to /(usr/)?lib/x86_64-linux-gnu/lib(c|m|stdc\+\+|gcc_s|gomp)\.so" | head -12
+  command -v gdb >/dev/null && timeout 120 gdb -q -batch -ex run -ex bt --args python3 -c \
+    "import torch; $probe" 2>&1 | grep -E "^#" | head -15
   echo "== the Python module: tests/python (host mode and CUDA)"
   timeout 300 python3 -X faulthandler -m pytest -v -p no:cacheprovider tests/python \
     > "$out/pytest.txt" 2>&1
