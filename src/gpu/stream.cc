@@ -2,9 +2,9 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <utility>
 #include <vector>
-#include <mutex>
 
 #include "common/log.h"
 #include "common/strings.h"
