@@ -7,6 +7,10 @@
 //   zoffload-bench pcie [options]  host<->GPU copies against plain cudaMemcpyAsync
 //   zoffload-bench kernels [opts]  GPU kernels against a device-to-device copy
 //   zoffload-bench step [options]  optimizer steps with state in host memory or on NVMe
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -23,6 +27,7 @@
 #include "bench/nvme_profile.h"
 #include "bench/step_profile.h"
 #include "build_info.h"
+#include "common/errno_status.h"
 #include "common/strings.h"
 #include "zoffload/config.h"
 #include "zoffload/runtime.h"
@@ -109,6 +114,21 @@ int Fail(const Status& s) {
 int PrintUsage() {
   std::printf("%s", kUsage);
   return 0;
+}
+
+// Checks at once that `path` (the value of `flag`) can be written, so that a bad path fails
+// before a long run rather than after it; a file made only for the check is removed.
+Result<std::string> WritablePath(const std::string& flag, const std::string& path) {
+  struct stat st {};
+  const bool existed = ::stat(path.c_str(), &st) == 0;
+  if (existed && S_ISDIR(st.st_mode)) {
+    return InvalidArgumentError(StrCat(flag, " ", path, ": is a directory"));
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) return StatusFromErrno(errno, StrCat(flag, " ", path, ": cannot write"));
+  ::close(fd);
+  if (!existed) ::unlink(path.c_str());
+  return path;
 }
 
 Status UnknownOption(const std::string& flag) {
@@ -232,11 +252,11 @@ int NvmeMain(const std::vector<std::string>& args, bool short_defaults) {
         } else if (a == "--file") {
           o.file = v;
         } else if (a == "--json") {
-          json_path = v;
+          ZO_ASSIGN_OR_RETURN(json_path, WritablePath(a, v));
         } else if (a == "--config") {
           config_path = v;
         } else if (a == "--write-aio-config") {
-          aio_out = v;
+          ZO_ASSIGN_OR_RETURN(aio_out, WritablePath(a, v));
         } else {
           return UnknownOption(a);
         }
@@ -355,7 +375,7 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
         } else if (a == "--bind") {
           SetCpuAdamCoreBinding(true);
         } else if (a == "--json") {
-          json_path = v;
+          ZO_ASSIGN_OR_RETURN(json_path, WritablePath(a, v));
         } else {
           return UnknownOption(a);
         }
@@ -442,9 +462,9 @@ Result<bool> TakeStateProfileOption(const std::string& a, const std::string& v,
     ZO_ASSIGN_OR_RETURN(auto l, ParseEnumList(a, v, kStateNames));
     out.state = l.front();
   } else if (a == "--json") {
-    out.json_path = v;
+    ZO_ASSIGN_OR_RETURN(out.json_path, WritablePath(a, v));
   } else if (a == "--trace") {
-    out.trace_path = v;
+    ZO_ASSIGN_OR_RETURN(out.trace_path, WritablePath(a, v));
   } else {
     return false;
   }
@@ -639,7 +659,7 @@ int GpuMain(const std::string& profile, const std::vector<std::string>& args, bo
           ZO_ASSIGN_OR_RETURN(auto l, ParseIntList(a, v, 1, 1000));
           o.repeats = l.front();
         } else if (a == "--json") {
-          json_path = v;
+          ZO_ASSIGN_OR_RETURN(json_path, WritablePath(a, v));
         } else {
           return UnknownOption(a);
         }

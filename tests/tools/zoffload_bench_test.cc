@@ -1,8 +1,10 @@
 // Runs the zoffload-bench binary as a user would, on small files.
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -101,6 +103,25 @@ TEST(ZoffloadBenchTest, ClearErrors) {
   EXPECT_EQ(RunBench("nvme --bogus").exit_code, 2);
   EXPECT_EQ(RunBench("warp").exit_code, 2);
   EXPECT_EQ(RunBench("--help").exit_code, 0);
+}
+
+// An unwritable --json or --trace failed only after the whole run, and without the errno.
+TEST(ZoffloadBenchTest, OutputPathsAreCheckedBeforeTheRun) {
+  testing::TempDir dir;
+  const std::vector<std::string> cases = {
+      "adam --json /nonexistent-zoffload/a.json", "engine --trace /nonexistent-zoffload/t.json",
+      "nvme --write-aio-config /nonexistent-zoffload/aio.json", "adam --json " + dir.path()};
+  for (const std::string& args : cases) {
+    SCOPED_TRACE(args);
+    const auto start = std::chrono::steady_clock::now();
+    testing::CommandResult r = RunBench(args);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "ran first";
+    EXPECT_TRUE(r.output.find("No such file or directory") != std::string::npos ||
+                r.output.find("is a directory") != std::string::npos)
+        << r.output;
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << "the check left a file behind";
 }
 
 }  // namespace
