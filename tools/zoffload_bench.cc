@@ -448,9 +448,13 @@ Result<bool> TakeStateProfileOption(const std::string& a, const std::string& v,
     if (!ParseByteSize(v, &out.params) || out.params == 0) {
       return InvalidArgumentError(StrCat("--params: '", v, "' is not a count such as 128M"));
     }
-  } else if (a == "--tensors" || a == "--threads" || a == "--steps") {
+  } else if (a == "--threads") {
+    // As zoffload.cpu_adam_threads: 100000 OpenMP threads overflowed libgomp's stack.
+    ZO_ASSIGN_OR_RETURN(auto l, ParseIntList(a, v, 1, 4096));
+    out.threads = l.front();
+  } else if (a == "--tensors" || a == "--steps") {
     ZO_ASSIGN_OR_RETURN(auto l, ParseIntList(a, v, 1, 1 << 20));
-    (a == "--tensors" ? out.tensors : a == "--threads" ? out.threads : out.steps) = l.front();
+    (a == "--tensors" ? out.tensors : out.steps) = l.front();
   } else if (a == "--state-on") {
     ZO_ASSIGN_OR_RETURN(
         auto l,

@@ -103,6 +103,12 @@ TEST(ZoffloadBenchTest, ClearErrors) {
   EXPECT_EQ(RunBench("nvme --bogus").exit_code, 2);
   EXPECT_EQ(RunBench("warp").exit_code, 2);
   EXPECT_EQ(RunBench("--help").exit_code, 0);
+  // 100000 threads died with SIGSEGV inside libgomp.
+  for (const char* profile : {"step", "engine"}) {
+    testing::CommandResult r = RunBench(std::string(profile) + " --threads 100000");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find("--threads"), std::string::npos) << r.output;
+  }
 }
 
 // An unwritable --json or --trace failed only after the whole run, and without the errno.
