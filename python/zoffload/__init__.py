@@ -10,20 +10,7 @@ built-in (``ConfigError`` is a ``ValueError``, ``ResourceExhausted`` a ``MemoryE
 ``DataLoss`` an ``OSError``, ...).
 """
 
-import os as _os
-import sys as _sys
-
-# libzoffload's OpenMP is the system's libgomp. torch loads its own renamed copy with
-# RTLD_GLOBAL; without deep binding, some of libzoffload's OpenMP calls would resolve into that
-# copy and others into the system one, two runtimes mixed in one parallel region.
-_flags = _sys.getdlopenflags()
-_sys.setdlopenflags(_flags | getattr(_os, "RTLD_DEEPBIND", 0))
-try:
-    from . import _zoffload  # noqa: F401  (loaded here, with deep binding)
-finally:
-    _sys.setdlopenflags(_flags)
-
-from ._zoffload import (  # noqa: E402
+from ._zoffload import (
     AlreadyExists,
     Cancelled,
     ConfigError,
@@ -41,7 +28,7 @@ from ._zoffload import (  # noqa: E402
     Unavailable,
     Unimplemented,
 )
-from .config import load_config  # noqa: E402
+from .config import load_config
 
 __all__ = [
     "AlreadyExists",
