@@ -39,7 +39,7 @@ def run(cmd):
 def zoffload(args, path, bs, op):
     out = os.path.join(args.dir, "zoffload-nvme-records.json")
     run([os.path.join(args.build, "tools/zoffload-bench"), "nvme", "--path", args.dir,
-         "--file", os.path.basename(path), "--size", str(args.size), "--block-size", str(bs),
+         "--file", os.path.basename(path), "--overwrite", "--size", str(args.size), "--block-size", str(bs),
          "--queue-depth", str(args.queue_depth), "--threads", "1", "--op", op, "--json", out])
     with open(out) as f:
         records = json.load(f)

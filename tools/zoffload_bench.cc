@@ -49,7 +49,8 @@ transfers when a GPU is present), then tables.
 
 zoffload-bench nvme [--path DIR ...] [--size 4GiB] [--block-size 1M,4M] [--queue-depth 8,32]
                     [--threads 1,2] [--op write,read] [--single-submit] [--no-overlap-events]
-                    [--file NAME] [--json FILE] [--config ds.json] [--write-aio-config FILE]
+                    [--file NAME [--overwrite]] [--json FILE] [--config ds.json]
+                    [--write-aio-config FILE]
   --path DIR             directory to test; repeat to stripe over several disks (default: .)
   --size N               bytes moved per pass, all paths together (default 4GiB)
   --block-size LIST      aio.block_size values to sweep
@@ -57,7 +58,8 @@ zoffload-bench nvme [--path DIR ...] [--size 4GiB] [--block-size 1M,4M] [--queue
   --threads LIST         aio.intra_op_parallelism values to sweep
   --op LIST              write and/or read (a write pass runs before reads of the same setting)
   --file NAME            use DIR/NAME and keep it (default: a temporary file, removed); an
-                         existing DIR/NAME of at least the size is used as already written
+                         existing DIR/NAME is refused unless --overwrite is given (its data is
+                         written over; one of at least the size is used as already laid out)
   --json FILE            write every measurement as a JSON list
   --config FILE          take aio settings and NVMe paths from a zoffload/DeepSpeed config
   --write-aio-config F   write the recommended {"aio": {...}} block to F
@@ -226,10 +228,12 @@ int NvmeMain(const std::vector<std::string>& args, bool short_defaults) {
   bool sweep_given = false;
   bool help = false;
   const Status parsed = ForEachOption(
-      args, {"--single-submit", "--no-overlap-events"}, &help,
+      args, {"--single-submit", "--no-overlap-events", "--overwrite"}, &help,
       [&](const std::string& a, const std::string& v) -> Status {
         if (a == "--single-submit") {
           o.single_submit = true;
+        } else if (a == "--overwrite") {
+          o.overwrite = true;
         } else if (a == "--no-overlap-events") {
           o.overlap_events = false;
         } else if (a == "--path") {

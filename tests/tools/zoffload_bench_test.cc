@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,24 @@ TEST(ZoffloadBenchTest, ClearErrors) {
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("--threads"), std::string::npos) << r.output;
   }
+}
+
+// nvme --file EXISTING wrote over a user's file without a word: data loss.
+TEST(ZoffloadBenchTest, NvmeFileRefusesAnExistingFileWithoutOverwrite) {
+  testing::TempDir dir;
+  const std::string precious = dir.File("precious.dat");
+  std::ofstream(precious) << "the user's data";
+  testing::CommandResult r =
+      RunBench("nvme --path " + dir.path() + " --file precious.dat --size 1MiB --block-size 1M");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--overwrite"), std::string::npos) << r.output;
+  std::ifstream in(precious);
+  std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(kept, "the user's data");
+  testing::CommandResult ok = RunBench("nvme --path " + dir.path() +
+                                       " --file precious.dat --overwrite --size 1MiB "
+                                       "--block-size 1M --queue-depth 4 --threads 1");
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
 }
 
 // An unwritable --json or --trace failed only after the whole run, and without the errno.

@@ -96,8 +96,16 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
                       ENOSPC);
       }
     }
-    temp.paths.push_back(o.file.empty() ? StrCat(dir, "/zoffload-bench-", ::getpid(), ".tmp")
-                                        : StrCat(dir, "/", o.file));
+    const std::string path = o.file.empty() ? StrCat(dir, "/zoffload-bench-", ::getpid(), ".tmp")
+                                            : StrCat(dir, "/", o.file);
+    // Checked before the path joins `temp`, whose clean-up would remove it on this error.
+    if (!o.file.empty() && !o.overwrite && ::stat(path.c_str(), &st) == 0) {
+      return Status(StatusCode::kAlreadyExists,
+                    StrCat("nvme: --file ", path,
+                           " exists and the benchmark writes over it; pass --overwrite if that "
+                           "is what you want"));
+    }
+    temp.paths.push_back(path);
   }
   temp.keep = !o.file.empty();
   g_interrupted = 0;

@@ -22,6 +22,8 @@ struct NvmeBenchOptions {
   bool overlap_events = true;
   /// Use this file (one path only) and keep it, instead of a temporary file per path.
   std::string file;
+  /// `file` may be an existing file: the benchmark writes over it (without this, refused).
+  bool overwrite = false;
 };
 
 struct NvmeRecord {
