@@ -12,10 +12,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -133,8 +135,42 @@ Result<std::string> WritablePath(const std::string& flag, const std::string& pat
   return path;
 }
 
+// Every option the usage text names.
+const std::vector<std::string>& KnownOptions() {
+  static const std::vector<std::string> known = [] {
+    std::vector<std::string> flags;
+    const std::string_view text = kUsage;
+    for (size_t at = text.find("--"); at != std::string_view::npos; at = text.find("--", at)) {
+      size_t end = at + 2;
+      while (end < text.size() &&
+             (std::isalnum(static_cast<unsigned char>(text[end])) || text[end] == '-')) {
+        ++end;
+      }
+      const std::string flag(text.substr(at, end - at));
+      if (flag.size() > 2 && std::find(flags.begin(), flags.end(), flag) == flags.end()) {
+        flags.push_back(flag);
+      }
+      at = end;
+    }
+    return flags;
+  }();
+  return known;
+}
+
 Status UnknownOption(const std::string& flag) {
-  return InvalidArgumentError(StrCat("unknown option '", flag, "'; see --help"));
+  std::string nearest;
+  size_t best = std::numeric_limits<size_t>::max();
+  for (const std::string& known : KnownOptions()) {
+    const size_t d = EditDistance(flag, known);
+    if (known != flag && d < best) {
+      best = d;
+      nearest = known;
+    }
+  }
+  const bool close = !nearest.empty() && best <= std::max<size_t>(2, flag.size() / 3);
+  return InvalidArgumentError(StrCat("unknown option '", flag, "'",
+                                     close ? StrCat("; did you mean '", nearest, "'?") : "",
+                                     "; see --help"));
 }
 
 // Walks a profile's options: the `switches` take no value, every other flag takes the next
@@ -152,6 +188,9 @@ Status ForEachOption(const std::vector<std::string>& args, const std::vector<std
     if (std::find(switches.begin(), switches.end(), a) != switches.end()) {
       ZO_RETURN_IF_ERROR(option(a, ""));
       continue;
+    }
+    if (std::find(KnownOptions().begin(), KnownOptions().end(), a) == KnownOptions().end()) {
+      return UnknownOption(a);
     }
     if (i + 1 >= args.size()) return InvalidArgumentError(StrCat(a, " needs a value"));
     ZO_RETURN_IF_ERROR(option(a, args[++i]));

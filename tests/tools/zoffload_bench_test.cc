@@ -102,6 +102,11 @@ TEST(ZoffloadBenchTest, ClearErrors) {
   EXPECT_EQ(RunBench("nvme --queue-depth 0").exit_code, 2);
   EXPECT_EQ(RunBench("nvme --op erase").exit_code, 2);
   EXPECT_EQ(RunBench("nvme --bogus").exit_code, 2);
+  // "--bogus needs a value" was the message; and a near miss gets the name it missed.
+  testing::CommandResult bogus = RunBench("nvme --bogus");
+  EXPECT_NE(bogus.output.find("unknown option '--bogus'"), std::string::npos) << bogus.output;
+  testing::CommandResult typo = RunBench("nvme --queue-dept 8");
+  EXPECT_NE(typo.output.find("did you mean '--queue-depth'?"), std::string::npos) << typo.output;
   EXPECT_EQ(RunBench("warp").exit_code, 2);
   EXPECT_EQ(RunBench("--help").exit_code, 0);
   // 100000 threads died with SIGSEGV inside libgomp.
