@@ -27,6 +27,7 @@ namespace zoffload {
 
 using internal::EditDistance;
 using internal::HumanBytes;
+using internal::NormalDirectory;
 using internal::ParseByteSize;
 using internal::StatusFromErrno;
 using internal::StrCat;
@@ -716,8 +717,7 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
     check.Require(dir.find('\0') == std::string::npos, path, "contains a NUL byte");
     if (dir.empty()) continue;
     // "/a", "/a/" and "/a//." are one directory: compared, and kept, in one spelling.
-    std::string normal = std::filesystem::path(dir).lexically_normal().string();
-    while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+    const std::string normal = NormalDirectory(dir);
     check.Require(seen.insert(normal).second, path,
                   StrCat("\"", dir, "\" is listed twice (as \"", normal, "\")"));
     dir = normal;

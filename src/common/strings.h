@@ -26,4 +26,8 @@ bool ParseByteSize(std::string_view text, uint64_t* bytes);
 /// Levenshtein distance between two short strings (for "did you mean" hints).
 size_t EditDistance(std::string_view a, std::string_view b);
 
+/// A directory path in one spelling: "/a", "/a/", "/a//." are all "/a" (lexically; no file
+/// system access), so that one directory given twice is seen as such.
+std::string NormalDirectory(std::string_view path);
+
 }  // namespace zoffload::internal

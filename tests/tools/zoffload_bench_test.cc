@@ -109,6 +109,12 @@ TEST(ZoffloadBenchTest, ClearErrors) {
   EXPECT_NE(typo.output.find("did you mean '--queue-depth'?"), std::string::npos) << typo.output;
   EXPECT_EQ(RunBench("warp").exit_code, 2);
   EXPECT_EQ(RunBench("--help").exit_code, 0);
+  // --path D --path D/ opened one file twice and reported "2 file(s)".
+  testing::TempDir twice;
+  testing::CommandResult again =
+      RunBench("nvme --size 1MiB --path " + twice.path() + " --path " + twice.path() + "/");
+  EXPECT_EQ(again.exit_code, 2) << again.output;
+  EXPECT_NE(again.output.find("give each directory once"), std::string::npos) << again.output;
   // 100000 threads died with SIGSEGV inside libgomp.
   for (const char* profile : {"step", "engine"}) {
     testing::CommandResult r = RunBench(std::string(profile) + " --threads 100000");

@@ -80,6 +80,14 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
   const uint64_t size = (o.size + stripe - 1) / stripe * stripe;
   const uint64_t per_path = size / o.paths.size();
 
+  for (size_t i = 0; i < o.paths.size(); ++i) {  // one file per directory, each written once
+    for (size_t j = 0; j < i; ++j) {
+      if (NormalDirectory(o.paths[i]) == NormalDirectory(o.paths[j])) {
+        return InvalidArgumentError(StrCat("nvme: --path ", o.paths[i], " is --path ", o.paths[j],
+                                           " again; give each directory once"));
+      }
+    }
+  }
   TempFiles temp;
   for (const std::string& dir : o.paths) {
     struct stat st {};
