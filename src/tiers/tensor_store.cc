@@ -200,24 +200,14 @@ struct TensorStore::Impl {
     }
   }
 
-  // Waits for e's last load (mu not held); its status.
-  static Status AwaitLoad(StoreEntry& e) {
-    Future<> load;
+  // Waits for e's last `move` (its load or its upload; mu not held); its status.
+  static Status Await(StoreEntry& e, Future<> StoreEntry::*move) {
+    Future<> copy;
     {
       std::lock_guard move_lock(e.move_mu);
-      load = e.load;
+      copy = e.*move;
     }
-    return load.Wait();
-  }
-
-  // Waits for e's last upload into its GPU copy (mu not held); its status.
-  static Status AwaitUpload(StoreEntry& e) {
-    Future<> upload;
-    {
-      std::lock_guard move_lock(e.move_mu);
-      upload = e.upload;
-    }
-    return upload.Wait();
+    return copy.Wait();
   }
 
   // The GPU copy's changes are now in the host copy (mu held).
@@ -241,7 +231,7 @@ struct TensorStore::Impl {
     if (!e.has_device()) return Status::Ok();
     const bool changed = e.device_dirty;
     ZO_RETURN_IF_ERROR(Unlocked(lock, e, [&e, changed] {
-      AwaitUpload(e).IgnoreError();  // being dropped: its data no longer matters
+      Await(e, &StoreEntry::upload).IgnoreError();  // being dropped: its data no longer matters
       return changed ? e.device->Download(e.host) : Status::Ok();
     }));
     if (changed) Downloaded(e);
@@ -446,7 +436,7 @@ Result<Lease> TensorStore::FinishLease(StoreEntry& e, Tier at, Access access, co
   lease.data_ = at == Tier::kGpu ? e.device->data() : e.host.data();
   if (moved.ok()) return lease;
   lease.store_ = nullptr;
-  const Status loaded = Impl::AwaitLoad(e);  // in already: the moves have finished
+  const Status loaded = Impl::Await(e, &StoreEntry::load);  // in already: the moves have finished
   {
     // The failed copy is dropped (once, by whoever sees it first); the home stays. The lease
     // keeps the entry registered while this waits for other moves of it.
@@ -468,8 +458,8 @@ Result<Lease> TensorStore::FinishLease(StoreEntry& e, Tier at, Access access, co
 TensorStore::TensorStore(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TensorStore::~TensorStore() {
   for (auto& [key, e] : impl_->entries) {
-    Impl::AwaitLoad(*e).IgnoreError();
-    Impl::AwaitUpload(*e).IgnoreError();
+    Impl::Await(*e, &StoreEntry::load).IgnoreError();
+    Impl::Await(*e, &StoreEntry::upload).IgnoreError();
   }
 }
 
@@ -539,8 +529,8 @@ Status TensorStore::Unregister(const std::string& key) {
     return FailedPreconditionError(StrCat("tensor store: '", key, "' is leased"));
   }
   s.Unlocked(lock, e, [&e] {
-     Impl::AwaitLoad(e).IgnoreError();
-     Impl::AwaitUpload(e).IgnoreError();
+     Impl::Await(e, &StoreEntry::load).IgnoreError();
+     Impl::Await(e, &StoreEntry::upload).IgnoreError();
      return Status::Ok();
    }).IgnoreError();
   // Nobody leased it meanwhile (it was busy), and it is not busy now.
