@@ -262,7 +262,7 @@ class Engine {
       s.elements = array.size();
       s.group = group;
       specs.push_back(std::move(s));
-      shapes_.emplace(name, std::make_pair(array.size(), s.dtype));
+      elements_.emplace(name, array.size());
     }
     EngineOptions options;
     options.host_params = !cuda;
@@ -276,15 +276,8 @@ class Engine {
 
   void GradientReady(const std::string& name, const AnyArray& grad, uintptr_t stream) {
     OffloadEngine& e = Live();
-    auto it = shapes_.find(name);
-    if (it == shapes_.end()) Fail(StatusCode::kNotFound, "engine: no parameter '" + name + "'");
-    const std::string what = "the gradient of '" + name + "'";
-    const DType dtype = CheckArray(grad, what, cuda_);
-    if (grad.size() != it->second.first) {
-      Fail(StatusCode::kInvalidArgument, what + " has " + std::to_string(grad.size()) +
-                                             " elements; the parameter has " +
-                                             std::to_string(it->second.first));
-    }
+    // The engine checks the name, size and dtype; device and layout are visible only here.
+    const DType dtype = CheckArray(grad, "the gradient of '" + name + "'", cuda_);
     nb::gil_scoped_release release;
     Check(e.GradientReady(name, grad.data(), grad.size(), dtype, reinterpret_cast<void*>(stream)));
   }
@@ -326,9 +319,7 @@ class Engine {
   // bytes, uint8, for bf16 and int8 state).
   nb::tuple ReadState(const std::string& name) {
     OffloadEngine& e = Live();
-    auto it = shapes_.find(name);
-    if (it == shapes_.end()) Fail(StatusCode::kNotFound, "engine: no parameter '" + name + "'");
-    const uint64_t n = it->second.first;
+    const uint64_t n = ElementsOf(name);
     const StatePrecision p = config_.zoffload.optimizer_state;
     const uint64_t moment_bytes = AdamMomentBytes(p, n);
     auto master = std::make_unique<float[]>(n);
@@ -363,9 +354,7 @@ class Engine {
   void LoadState(const std::string& name, const AnyArray& master, const AnyArray& m,
                  const AnyArray& v) {
     OffloadEngine& e = Live();
-    auto it = shapes_.find(name);
-    if (it == shapes_.end()) Fail(StatusCode::kNotFound, "engine: no parameter '" + name + "'");
-    const uint64_t n = it->second.first;
+    const uint64_t n = ElementsOf(name);
     const uint64_t moment_bytes = AdamMomentBytes(config_.zoffload.optimizer_state, n);
     auto check = [&](const AnyArray& a, const char* which, uint64_t bytes) {
       const std::string what = std::string(which) + " of '" + name + "'";
@@ -404,6 +393,11 @@ class Engine {
   nb::dict last_step() { return StatsDict(Live().last_step()); }
 
  private:
+  uint64_t ElementsOf(const std::string& name) const {
+    auto it = elements_.find(name);
+    if (it == elements_.end()) Fail(StatusCode::kNotFound, "engine: no parameter '" + name + "'");
+    return it->second;
+  }
   OffloadEngine& Live() {
     if (engine_ == nullptr) Fail(StatusCode::kFailedPrecondition, "engine: closed");
     return *engine_;
@@ -411,7 +405,7 @@ class Engine {
 
   Config config_;
   bool cuda_ = false;
-  std::unordered_map<std::string, std::pair<uint64_t, DType>> shapes_;
+  std::unordered_map<std::string, uint64_t> elements_;  // sizes the state buffers
   std::unique_ptr<OffloadEngine> engine_;
 };
 
