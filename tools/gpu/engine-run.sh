@@ -47,6 +47,9 @@ if [[ $parts == *python* ]]; then
   grep -oE "[^ ]*(libzoffload|_zoffload)[^(]*\(\+0x[0-9a-f]+\)" "$out/crash.txt" | head -12 \
     | while IFS='(' read -r lib off; do addr2line -f -C -e "$lib" "${off%)}" | paste -sd' '; done
   grep -E "^\S+\(" "$out/crash.txt" | head -16
+  LD_DEBUG=bindings timeout 60 python3 -c "import torch; $probe" 2> "$out/bindings.txt" >/dev/null
+  echo "symbols of our libraries bound into torch's: $(grep "binding file .*zoffload" \
+    "$out/bindings.txt" | grep -c "to .*torch")"
   echo "== the Python module: tests/python (host mode and CUDA)"
   timeout 300 python3 -X faulthandler -m pytest -v -p no:cacheprovider tests/python \
     > "$out/pytest.txt" 2>&1
