@@ -25,10 +25,16 @@ enum class OffloadDevice { kNone, kCpu, kNvme };
 enum class OptimizerType { kAdam, kAdamW, kAdagrad, kLion };
 /// How the Adam moments (m, v) are stored.
 enum class StatePrecision { kFp32, kBf16, kInt8 };
+/// When the CPU update runs relative to backward (zoffload.overlap; docs/engine.md).
+/// kNone: after backward (exact). kBackward: each parameter as soon as its gradient is on the
+/// host, during backward (bit-identical to kNone). kDelayed: step t's update runs during step
+/// t+1's forward and backward, which use parameters one step older (not identical).
+enum class Overlap { kNone, kBackward, kDelayed };
 
 std::string_view ToString(OffloadDevice device);
 std::string_view ToString(OptimizerType type);
 std::string_view ToString(StatePrecision precision);
+std::string_view ToString(Overlap overlap);
 
 /// optimizer.params
 struct OptimizerParams {
@@ -151,6 +157,8 @@ struct ZoffloadSection {
   int cpu_adam_threads = 0;          ///< OpenMP threads of the CPU optimizer; 0 = physical cores
   bool cpu_adam_bind_cores = false;  ///< CPU optimizer thread k bound to physical core k
   std::string trace_path;            ///< when non-empty, a Chrome trace-event JSON is written here
+  Overlap overlap = Overlap::kNone;  ///< "none", "backward" or "delayed"
+  int delayed_warmup_steps = 0;      ///< with overlap "delayed": the first steps run exact; >= 0
   bool operator==(const ZoffloadSection&) const = default;
 };
 

@@ -92,7 +92,16 @@ struct GradNorm {
   bool finite = true;  ///< false if any gradient is inf or NaN
 };
 
-/// The global L2 norm over shards' gradients, float64 accumulation, and inf/NaN check.
+/// One shard's float64 sum of squared gradients and inf/NaN check.
+struct GradSquares {
+  double sum = 0;
+  bool finite = true;
+};
+GradSquares GradientSquares(const AdamShard& shard, int threads = 0);
+
+/// The global L2 norm over shards' gradients, float64 accumulation, and inf/NaN check: the
+/// square root of the shards' GradientSquares added in shard order (so a caller that has them
+/// per shard gets the same bits).
 GradNorm GradientNorm(std::span<const AdamShard> shards, int threads = 0);
 
 /// The update pass alone: gradients are multiplied by `grad_scale` (1/loss_scale times the

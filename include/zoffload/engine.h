@@ -136,6 +136,11 @@ class OffloadEngine {
   /// Work enqueued on `stream` (a cudaStream_t) after this call sees the updated parameters.
   /// The host does not wait. A no-op in host mode.
   Status WaitParameters(void* stream = nullptr);
+  /// Overlap "delayed": waits for the update still running and sends its values to the model
+  /// (after the work enqueued on `stream`), so the parameters are those of the last Step, as
+  /// without overlap. For the end of training, or before reading the model's weights. A no-op
+  /// in the other modes.
+  Status Flush(void* stream = nullptr);
 
   /// The fp16 loss scale to multiply the loss by (1 without fp16 or with a static scale 1).
   float loss_scale() const;

@@ -61,6 +61,11 @@ struct EnumTable<StatePrecision> {
       {StatePrecision::kBf16, "bf16"},
       {StatePrecision::kInt8, "int8"}};
 };
+template <>
+struct EnumTable<Overlap> {
+  static constexpr std::pair<Overlap, std::string_view> kEntries[] = {
+      {Overlap::kNone, "none"}, {Overlap::kBackward, "backward"}, {Overlap::kDelayed, "delayed"}};
+};
 
 template <typename E>
 std::string_view EnumName(E value) {
@@ -160,6 +165,8 @@ void VisitStruct(V& v, ZoffloadSection& c) {
   v.Field("cpu_adam_threads", c.cpu_adam_threads);
   v.Field("cpu_adam_bind_cores", c.cpu_adam_bind_cores);
   v.Field("trace_path", c.trace_path);
+  v.Field("overlap", c.overlap);
+  v.Field("delayed_warmup_steps", c.delayed_warmup_steps);
 }
 template <typename V>
 void VisitStruct(V& v, Config& c) {
@@ -640,6 +647,30 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
                 "zoffload.optimizer_state",
                 StrCat("int8 state is for Adam and AdamW only, not ", ToString(c.optimizer.type)));
 
+  const Overlap overlap = c.zoffload.overlap;
+  if (overlap != Overlap::kNone) {
+    const std::string mode = StrCat("\"", ToString(overlap), "\"");
+    check.Require(!(overlap == Overlap::kBackward && c.gradient_clipping > 0), "zoffload.overlap",
+                  StrCat(mode,
+                         " updates each parameter while backward runs, before the global "
+                         "gradient norm that gradient_clipping (",
+                         c.gradient_clipping,
+                         ") needs exists; set gradient_clipping 0, or overlap \"none\" or "
+                         "\"delayed\""));
+    check.Require(!c.fp16.enabled, "zoffload.overlap",
+                  StrCat(mode,
+                         " cannot be combined with fp16.enabled: the loss scale's overflow "
+                         "check must see every gradient before ",
+                         overlap == Overlap::kBackward ? "any update" : "the next step's loss",
+                         "; use bf16, or overlap \"none\""));
+    check.Require(c.zero_optimization.offload_optimizer.device != OffloadDevice::kNvme,
+                  "zoffload.overlap",
+                  StrCat(mode,
+                         " needs the optimizer state in host memory "
+                         "(zero_optimization.offload_optimizer.device \"cpu\"), not nvme"));
+  }
+  check.NonNegative(c.zoffload.delayed_warmup_steps, "zoffload.delayed_warmup_steps");
+
   check.Require(!(c.fp16.enabled && c.bf16.enabled), "fp16.enabled",
                 "fp16 and bf16 cannot both be enabled");
   check.NonNegative(c.fp16.loss_scale, "fp16.loss_scale");
@@ -742,6 +773,7 @@ Status ErrorsToStatus(const std::vector<std::string>& errors, const std::string&
 std::string_view ToString(OffloadDevice device) { return EnumName(device); }
 std::string_view ToString(OptimizerType type) { return EnumName(type); }
 std::string_view ToString(StatePrecision precision) { return EnumName(precision); }
+std::string_view ToString(Overlap overlap) { return EnumName(overlap); }
 
 Status ValidateConfig(Config& config, int world_size) {
   std::vector<std::string> errors;

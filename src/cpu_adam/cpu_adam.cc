@@ -259,23 +259,31 @@ void SetCpuAdamCoreBinding(bool bind) { bind_cores.store(bind, std::memory_order
 
 std::string CpuAdamTarget() { return BestSimdTarget(); }
 
-GradNorm GradientNorm(std::span<const AdamShard> shards, int threads) {
+GradSquares GradientSquares(const AdamShard& s, int threads) {
   // Per-tile partial sums, added in tile order: the same result for any thread count.
+  const size_t tiles = (s.n + kTile - 1) / kTile;
+  std::vector<double> partial(tiles, 0.0);
+  std::vector<char> finite(tiles, 1);
+  ForTiles(s.n, Threads(threads), [&](size_t begin, size_t end) {
+    bool ok = true;
+    partial[begin / kTile] = internal::GradSumSquares(s.grads, s.grad_dtype, begin, end, &ok);
+    finite[begin / kTile] = ok ? 1 : 0;
+  });
+  GradSquares out;
+  for (size_t t = 0; t < tiles; ++t) {
+    out.sum += partial[t];
+    out.finite = out.finite && finite[t] != 0;
+  }
+  return out;
+}
+
+GradNorm GradientNorm(std::span<const AdamShard> shards, int threads) {
   GradNorm out;
   double total = 0;
   for (const AdamShard& s : shards) {
-    const size_t tiles = (s.n + kTile - 1) / kTile;
-    std::vector<double> partial(tiles, 0.0);
-    std::vector<char> finite(tiles, 1);
-    ForTiles(s.n, Threads(threads), [&](size_t begin, size_t end) {
-      bool ok = true;
-      partial[begin / kTile] = internal::GradSumSquares(s.grads, s.grad_dtype, begin, end, &ok);
-      finite[begin / kTile] = ok ? 1 : 0;
-    });
-    for (size_t t = 0; t < tiles; ++t) {
-      total += partial[t];
-      out.finite = out.finite && finite[t] != 0;
-    }
+    const GradSquares squares = GradientSquares(s, threads);
+    total += squares.sum;
+    out.finite = out.finite && squares.finite;
   }
   out.l2 = std::sqrt(total);
   if (!std::isfinite(out.l2)) out.finite = false;

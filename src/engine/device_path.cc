@@ -73,9 +73,12 @@ Result<int> DevicePath::DeviceOf(const void* ptr) {
 }
 
 Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32_t tag,
-                       void* stream) {
+                       void* stream, const Future<>* upload) {
   const cudaStream_t caller = AsStream(stream);
   ZO_ASSIGN_OR_RETURN(CopyEngine * copies, rt_->Copies());
+  if (upload != nullptr) {
+    ZO_RETURN_IF_ERROR(upload->OrderBefore(copies->stream(CopyEngine::Direction::kDeviceToHost)));
+  }
   const auto* src = static_cast<const std::byte*>(grad);
   const uint64_t ring_bytes = ring_.size();
   while (bytes > 0) {
@@ -138,13 +141,24 @@ Status DevicePath::Upload(void* device_dst, uint64_t bytes) {
   Slot& s = *slots_[next_slot_++ % slots_.size()];
   ZO_ASSIGN_OR_RETURN(CopyEngine * copies, rt_->Copies());
   s.uploaded = copies->HostToDevice(device_dst, s.memory.data(), bytes);
+  last_upload_ = s.uploaded;
   bytes_to_gpu_ += bytes;
   return Status::Ok();
 }
 
+Result<Future<>> DevicePath::UploadFrom(void* device_dst, const std::byte* host, uint64_t bytes,
+                                        void* stream) {
+  ZO_ASSIGN_OR_RETURN(CopyEngine * copies, rt_->Copies());
+  Future<> upload = copies->HostToDevice(device_dst, host, bytes, AsStream(stream));
+  if (upload.Ready()) ZO_RETURN_IF_ERROR(upload.Wait());  // an enqueue error
+  last_upload_ = upload;
+  bytes_to_gpu_ += bytes;
+  return upload;
+}
+
 Status DevicePath::WaitParameters(void* stream) {
-  if (next_slot_ == 0) return Status::Ok();
-  return slots_[(next_slot_ - 1) % slots_.size()]->uploaded.OrderBefore(AsStream(stream));
+  if (!last_upload_.valid()) return Status::Ok();
+  return last_upload_.OrderBefore(AsStream(stream));
 }
 
 Status DevicePath::CopyToHost(void* host, const void* device, uint64_t bytes) {

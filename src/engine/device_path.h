@@ -14,10 +14,14 @@
 // 4. When a Landed callback is set, each piece's D2H future is chained (Then) to it: it runs
 //    on a CUDA callback thread and must neither block nor call CUDA.
 // Up (during Step): a ring of pinned staging slots; AcquireSlot waits (host) for the slot's
-// previous upload; Upload sends it on the H2D stream; WaitParameters orders a caller's stream
-// after the last upload.
+// previous upload; Upload sends it on the H2D stream. UploadFrom sends pinned memory of the
+// caller's instead (overlap "delayed": a parameter uploaded from where its gradient landed,
+// which the next gradient may overwrite only after it: Add takes that upload to wait for).
+// WaitParameters orders a caller's stream after the last upload.
 //
-// Thread-safety: one thread at a time (the engine serializes its calls).
+// Thread-safety: the way down (Add, WaitLanded) and the way up (AcquireSlot, Upload,
+// UploadFrom, WaitParameters) may each be used by one thread, at the same time (overlap
+// "backward" updates and uploads on the engine's worker while backward sends gradients).
 #pragma once
 
 #include <cstdint>
@@ -53,8 +57,9 @@ class DevicePath {
   static Result<int> DeviceOf(const void* ptr);
 
   /// Sends `bytes` of device memory at `grad` (produced on `stream`, a cudaStream_t; null:
-  /// the legacy default stream) to pinned `host`.
-  Status Add(const void* grad, uint64_t bytes, std::byte* host, uint32_t tag, void* stream);
+  /// the legacy default stream) to pinned `host`, after `upload` (when given) has read it.
+  Status Add(const void* grad, uint64_t bytes, std::byte* host, uint32_t tag, void* stream,
+             const Future<>* upload = nullptr);
   /// Blocks until every piece is in host memory.
   Status WaitLanded();
 
@@ -62,6 +67,9 @@ class DevicePath {
   Result<std::byte*> AcquireSlot();
   /// Uploads the first `bytes` of the slot last acquired to `device_dst`.
   Status Upload(void* device_dst, uint64_t bytes);
+  /// Uploads `bytes` of pinned `host` to `device_dst` after the work enqueued on `stream`.
+  Result<Future<>> UploadFrom(void* device_dst, const std::byte* host, uint64_t bytes,
+                              void* stream);
   Status WaitParameters(void* stream);
   /// device -> host, synchronously (pageable memory is fine).
   Status CopyToHost(void* host, const void* device, uint64_t bytes);
@@ -87,6 +95,7 @@ class DevicePath {
   std::deque<Future<>> landing_;
   std::vector<std::unique_ptr<Slot>> slots_;
   size_t next_slot_ = 0;
+  Future<> last_upload_;  // the newest upload (the H2D stream runs them in order)
   Landed landed_;
   uint64_t pieces_ = 0, bytes_to_host_ = 0, bytes_to_gpu_ = 0;
   double upload_wait_seconds_ = 0;

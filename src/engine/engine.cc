@@ -100,8 +100,16 @@ struct OffloadEngine::Impl : public ParamSink {
     const float* initial = nullptr;  // the caller's fp32 values, during Create only
     HostMemory grads;                // accumulation 1: the gradient (dtype); > 1: the fp32 sum
     HostMemory landing;  // accumulation > 1 on the GPU: each micro-batch's gradient (dtype)
-    int received = 0;    // gradients in this accumulation window
+    // Overlap "delayed" with accumulation > 1: the new values (dtype) until they are uploaded
+    // (with accumulation 1 they are written over the gradient in `grads`).
+    HostMemory staged;
+    int received = 0;      // gradients in this accumulation window
+    bool pending = false;  // delayed: the new values wait in Out() for their upload
+#if ZO_HAVE_CUDA
+    Future<> upload;  // delayed: the last upload from Out(), which the next gradient waits for
+#endif
     uint64_t bytes() const { return n * DTypeBytes(dtype); }
+    std::byte* Out() { return (staged.empty() ? grads : staged).data(); }
   };
 
   Config config;
@@ -119,28 +127,62 @@ struct OffloadEngine::Impl : public ParamSink {
   uint64_t grads_in_window = 0;  // GradientReady calls since the last Step
   EngineStepStats last;
   bool gpu = false;
+  Overlap overlap = Overlap::kNone;
   std::byte* slot = nullptr;  // the staging slot of the chunk being updated (GPU)
 #if ZO_HAVE_CUDA
   std::unique_ptr<internal::DevicePath> device;
-  // Accumulation > 1 on the GPU: each landed gradient piece comes from the D2H stream's host
-  // function through a lock-free queue to the worker, which adds it into the fp32 sums.
-  boost::lockfree::queue<internal::DevicePath::Piece> landed{64};
-  std::counting_semaphore<> landed_count{0};
-  std::atomic<uint64_t> accumulated{0};  // pieces the worker has added in
+  // The device path's counters at the last Step.
+  uint64_t last_to_host = 0, last_to_gpu = 0;
+  double last_upload_wait = 0;
+#endif
+  // The worker thread, when there is work for it: items come through a lock-free queue (from
+  // the D2H stream's host functions, or from this thread) and are handled in order:
+  // - a landed gradient piece (GPU, accumulation > 1): added into the fp32 sums;
+  // - overlap "backward": once a parameter's last gradient of the window is all on the host,
+  //   its norm part and its CPU update (the upload of each chunk follows at once);
+  // - overlap "delayed": the step's whole update (kRunUpdate).
+  using Item = internal::DevicePath::Piece;
+  static constexpr uint32_t kRunUpdate = UINT32_MAX;
+  boost::lockfree::queue<Item> queue{64};
+  std::counting_semaphore<> queued{0};
+  std::atomic<uint64_t> handled{0};  // items the worker has finished
+  uint64_t posted = 0;               // items this thread queued (pieces are counted apart)
+  bool pieces_to_worker = false;     // every landed piece goes to the worker
   std::atomic<bool> stopping{false};
   std::thread worker;
-  uint64_t last_to_host = 0;  // bytes_to_host at the last Step
-#endif
+  // Overlap "backward", per window (the gradients between two Steps): fixed at its first
+  // gradient, then the worker's (read after AwaitWorker).
+  AdamHyper window_base;
+  std::vector<AdamHyper> window_hypers;
+  std::vector<GradSquares> squares;    // each parameter's gradient
+  std::vector<uint64_t> landed_bytes;  // of its last micro-batch (GPU)
+  std::vector<size_t> nonfinite;       // parameters whose gradient had inf/NaN
+  Status worker_status;                // the worker's first error
+  StepStats window_stats;              // CPU Adam time
+  // Overlap "delayed": the update launched at a Step runs on the worker during the next
+  // window; each parameter's next gradient waits until the update has read this one.
+  std::vector<size_t> arrival;  // parameters in the order their window's last gradient came
+  std::unique_ptr<std::atomic<int64_t>[]> consumed;  // the update (by number) past each one
+  int64_t launched = 0;                              // updates launched
+  bool outstanding = false;                          // one is launched and not yet collected
+  std::atomic<bool> update_done{false};
+  bool in_update = false;  // the worker is in a delayed update (the sink writes to Out())
+  std::vector<TensorGrads> job_grads;
+  std::vector<AdamHyper> job_hypers;
+  AdamHyper job_base;
+  std::vector<size_t> job_order;
+  Result<AdamStepResult> job_result{AdamStepResult{}};
+  StepStats job_stats;
 
   ~Impl() override {
 #if ZO_HAVE_CUDA
     device.reset();  // every host function has run
+#endif
     if (worker.joinable()) {
       stopping = true;
-      landed_count.release();
+      queued.release();
       worker.join();
     }
-#endif
   }
 
   Result<Param*> Find(std::string_view name) {
@@ -152,40 +194,182 @@ struct OffloadEngine::Impl : public ParamSink {
     return &params[it->second];
   }
 
-  // The tag of a gradient piece: the parameter, and whether it adds to the sum.
-  static uint32_t Tag(size_t param, bool add) { return static_cast<uint32_t>(param << 1 | add); }
+  // The tag of an item: the parameter, whether it adds to the sum, and whether it is the
+  // parameter's last gradient of the window.
+  static uint32_t Tag(size_t param, bool add, bool last) {
+    return static_cast<uint32_t>(param << 2 | (add ? 2u : 0u) | (last ? 1u : 0u));
+  }
 
-#if ZO_HAVE_CUDA
+  void Post(Item item) {
+    queue.push(item);
+    queued.release();
+    ++posted;
+  }
+
   void Work() {
     while (true) {
-      landed_count.acquire();
-      internal::DevicePath::Piece piece;
-      if (!landed.pop(piece)) {
+      queued.acquire();
+      Item item;
+      if (!queue.pop(item)) {
         if (stopping) return;
         continue;
       }
-      Param& p = params[piece.tag >> 1];
-      const size_t element = DTypeBytes(p.dtype);
-      const uint64_t first = static_cast<uint64_t>(piece.host - p.landing.data()) / element;
-      Accumulate(p.grads.as<float>() + first, piece.host, p.dtype, piece.bytes / element,
-                 (piece.tag & 1) != 0);
-      accumulated.fetch_add(1);
-      accumulated.notify_all();
+      Handle(item);
+      handled.fetch_add(1);
+      handled.notify_all();
     }
   }
 
-  // Blocks until the worker has added in every piece sent so far.
-  void AwaitAccumulated() {
-    const uint64_t target = device->pieces();
-    for (uint64_t done = accumulated.load(); done < target; done = accumulated.load()) {
-      accumulated.wait(done);
+  void Handle(const Item& item) {
+    if (item.tag == kRunUpdate) return RunUpdate();
+    const size_t i = item.tag >> 2;
+    Param& p = params[i];
+    if (item.host != nullptr && accumulation > 1) {  // a piece landed in p.landing
+      const size_t element = DTypeBytes(p.dtype);
+      const uint64_t first = static_cast<uint64_t>(item.host - p.landing.data()) / element;
+      Accumulate(p.grads.as<float>() + first, item.host, p.dtype, item.bytes / element,
+                 (item.tag & 2) != 0);
+    }
+    if (overlap == Overlap::kBackward && (item.tag & 1) != 0) {
+      landed_bytes[i] += item.bytes;
+      if (landed_bytes[i] == p.bytes()) UpdateOne(i);
     }
   }
+
+  // Blocks until the worker has handled every item sent so far.
+  void AwaitWorker() {
+    if (!worker.joinable()) return;
+    uint64_t target = posted;
+#if ZO_HAVE_CUDA
+    if (pieces_to_worker) target += device->pieces();
 #endif
+    for (uint64_t done = handled.load(); done < target; done = handled.load()) {
+      handled.wait(done);
+    }
+  }
+
+  TensorGrads GradsOf(size_t i, const AdamHyper* hyper) {
+    const Param& p = params[i];
+    return {p.grads.data(), accumulation > 1 ? DType::kFp32 : p.dtype, nullptr, CopyFor(p.dtype),
+            hyper};
+  }
+
+  // Overlap "backward", on the worker: parameter i's norm part and update.
+  void UpdateOne(size_t i) {
+    const TensorGrads g = GradsOf(i, &window_hypers[params[i].group]);
+    AdamShard shard;
+    shard.n = params[i].n;
+    shard.grads = g.grads;
+    shard.grad_dtype = g.dtype;
+    squares[i] = GradientSquares(shard, config.zoffload.cpu_adam_threads);
+    if (!squares[i].finite) {
+      nonfinite.push_back(i);
+      return;
+    }
+    if (worker_status.ok()) {
+      worker_status = state->UpdateTensor(i, g, window_base, this, &window_stats);
+    }
+  }
+
+  // Overlap "delayed", on the worker: the launched update, over the window's gradients in
+  // the order they came (the order the next window's gradients will wait in).
+  void RunUpdate() {
+    in_update = true;
+    job_result = state->Step(job_grads, job_base, 1.0f,
+                             static_cast<float>(config.gradient_clipping), this, job_order);
+    in_update = false;
+    job_stats = state->last_step();
+    update_done.store(true);
+    for (size_t i = 0; i < params.size(); ++i) {  // skipped or failed: none was read
+      consumed[i].store(launched);
+      consumed[i].notify_all();
+    }
+  }
+
+  // The hyperparameters of each group for the next update.
+  std::vector<AdamHyper> GroupHypers(const AdamHyper& base) const {
+    std::vector<AdamHyper> hypers;
+    for (const ParamGroup& g : groups) {
+      AdamHyper h = base;
+      h.lr = static_cast<float>(g.lr);
+      h.beta1 = static_cast<float>(g.beta1);
+      h.beta2 = static_cast<float>(g.beta2);
+      h.eps = static_cast<float>(g.eps);
+      h.weight_decay = static_cast<float>(g.weight_decay);
+      hypers.push_back(h);
+    }
+    return hypers;
+  }
+
+  AdamHyper NextBase() const {
+    AdamHyper base = HyperFromConfig(config.optimizer);
+    base.step = steps + 1;
+    return base;
+  }
+
+  // Overlap modes: the first gradient of a window.
+  void BeginWindow() {
+    if (overlap == Overlap::kBackward) {
+      window_base = NextBase();
+      window_hypers = GroupHypers(window_base);
+      std::fill(squares.begin(), squares.end(), GradSquares{});
+      std::fill(landed_bytes.begin(), landed_bytes.end(), 0);
+      nonfinite.clear();
+      worker_status = Status::Ok();
+      window_stats = StepStats{};
+    }
+    arrival.clear();
+  }
+
+  // Overlap "delayed": the outcome of the launched update, once it has finished.
+  Status Collect(EngineStepStats* stats) {
+    if (!outstanding) return Status::Ok();
+    AwaitWorker();
+    outstanding = false;
+    ZO_RETURN_IF_ERROR(job_result.status().WithContext(StrCat("update ", launched)));
+    if (job_result->skipped) {
+      for (Param& p : params) p.pending = false;  // nothing new to upload
+    } else {
+      ++steps;
+    }
+    if (stats != nullptr) {
+      stats->skipped = job_result->skipped;
+      stats->grad_norm = job_result->grad_norm;
+      stats->clip_coef = job_result->clip_coef;
+      if (!job_result->skipped) stats->adam_seconds = job_stats.adam_seconds;
+    }
+    return Status::Ok();
+  }
+
+  // Overlap "delayed": parameter i's new values to the model (after the work on `stream`).
+  Status UploadPending(size_t i, void* stream) {
+    Param& p = params[i];
+    if (!p.pending) return Status::Ok();
+    const int64_t want = launched;
+    for (int64_t seen = consumed[i].load(); seen < want; seen = consumed[i].load()) {
+      consumed[i].wait(seen);
+    }
+    if (update_done.load() && (!job_result.ok() || job_result->skipped)) {
+      p.pending = false;  // Collect reports the error
+      return job_result.status();
+    }
+    p.pending = false;
+#if ZO_HAVE_CUDA
+    if (gpu) {
+      ZO_ASSIGN_OR_RETURN(p.upload, device->UploadFrom(p.data, p.Out(), p.bytes(), stream));
+      return Status::Ok();
+    }
+#else
+    (void)stream;
+#endif
+    std::memcpy(p.data, p.Out(), p.bytes());
+    return Status::Ok();
+  }
 
   // ParamSink: chunk by chunk into pinned staging and up (GPU), or in place (host).
   Result<void*> Begin(size_t t, uint64_t first, uint64_t) override {
     Param& p = params[t];
+    if (in_update) return static_cast<void*>(p.Out() + first * DTypeBytes(p.dtype));
 #if ZO_HAVE_CUDA
     if (gpu) {
       ZO_ASSIGN_OR_RETURN(slot, device->AcquireSlot());
@@ -198,6 +382,14 @@ struct OffloadEngine::Impl : public ParamSink {
   Status End(size_t t, uint64_t first, uint64_t n, const float* master) override {
     Param& p = params[t];
     const size_t element = DTypeBytes(p.dtype);
+    if (in_update) {  // the chunk's gradient has been read: its new values go in its place
+      if (p.dtype == DType::kFp32) std::memcpy(p.Out() + first * element, master, 4 * n);
+      if (first + n == p.n) {
+        consumed[t].store(launched);
+        consumed[t].notify_all();
+      }
+      return Status::Ok();
+    }
 #if ZO_HAVE_CUDA
     if (gpu) {
       if (p.dtype == DType::kFp32) std::memcpy(slot, master, 4 * n);
@@ -322,6 +514,11 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
     ZO_RETURN_IF_ERROR(CheckGroup(e.groups[g], StrCat("engine: parameter group ", g)));
   }
   e.accumulation = static_cast<int>(config.gradient_accumulation_steps.value_or(1));
+  e.overlap = config.zoffload.overlap;
+  if (e.overlap != Overlap::kNone) {  // its rules, for a config built in code
+    Config checked = config;
+    ZO_RETURN_IF_ERROR(ValidateConfig(checked).WithContext("engine"));
+  }
   e.scaler = internal::LossScaler(config.fp16);
   if (specs.empty()) return InvalidArgumentError("engine: no parameters given");
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -374,6 +571,7 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
   std::vector<OptimizerTensor> tensors;
   for (const Impl::Param& p : e.params) tensors.push_back({p.name, p.n});
   ZO_ASSIGN_OR_RETURN(e.state, OptimizerState::Create(std::move(tensors), *context, so));
+  const bool delayed = e.overlap == Overlap::kDelayed;
   for (Impl::Param& p : e.params) {
     const std::string what = StrCat("the gradient of '", p.name, "'");
     if (e.accumulation == 1) {
@@ -383,8 +581,22 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
       if (e.gpu) {
         ZO_ASSIGN_OR_RETURN(p.landing, e.rt->AllocateHost(p.bytes(), what, true));
       }
+      if (delayed) {
+        ZO_ASSIGN_OR_RETURN(
+            p.staged,
+            e.rt->AllocateHost(p.bytes(), StrCat("the new values of '", p.name, "'"), e.gpu));
+      }
     }
   }
+  if (e.overlap == Overlap::kBackward) {
+    e.squares.resize(e.params.size());
+    e.landed_bytes.resize(e.params.size());
+  }
+  if (delayed) {
+    e.consumed = std::make_unique<std::atomic<int64_t>[]>(e.params.size());
+    for (size_t i = 0; i < e.params.size(); ++i) e.consumed[i].store(0);
+  }
+  e.pieces_to_worker = e.gpu && (e.accumulation > 1 || e.overlap == Overlap::kBackward);
 #if ZO_HAVE_CUDA
   if (e.gpu) {
     // Buckets no larger than all the gradients together.
@@ -392,18 +604,20 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
         static_cast<uint64_t>(config.zero_optimization.reduce_bucket_size) * widest,
         e.total * widest);
     internal::DevicePath::Landed landed;
-    if (e.accumulation > 1) {
+    if (e.pieces_to_worker) {
       landed = [&e](internal::DevicePath::Piece piece) {
-        e.landed.push(piece);
-        e.landed_count.release();
+        e.queue.push(piece);
+        e.queued.release();
       };
-      e.worker = std::thread([&e] { e.Work(); });
     }
     ZO_ASSIGN_OR_RETURN(e.device, internal::DevicePath::Create(
                                       *e.rt, bucket, e.options.staging_slots,
                                       e.state->chunk_elements() * widest, std::move(landed)));
   }
 #endif
+  if (e.pieces_to_worker || e.overlap != Overlap::kNone) {
+    e.worker = std::thread([&e] { e.Work(); });
+  }
   ZO_RETURN_IF_ERROR(e.Initialize());
   for (Impl::Param& p : e.params) p.initial = nullptr;
   return std::unique_ptr<OffloadEngine>(new OffloadEngine(std::move(impl)));
@@ -425,21 +639,27 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
   }
   ZO_RETURN_IF_ERROR(e.CheckMemory(grad, StrCat("gradient of '", p->name, "'")));
   const bool add = p->received > 0;
+  const bool last = p->received + 1 == e.accumulation;
   const size_t i = static_cast<size_t>(p - e.params.data());
+  if (e.overlap != Overlap::kNone && e.grads_in_window == 0) e.BeginWindow();
+  // Delayed: the last update's values for this parameter go up now that backward is done
+  // with it (and before its new gradient may land where they wait).
+  if (!add) ZO_RETURN_IF_ERROR(e.UploadPending(i, stream));
 #if ZO_HAVE_CUDA
   if (e.gpu) {
+    const Future<>* upload = p->upload.valid() ? &p->upload : nullptr;
     if (e.accumulation == 1) {
-      ZO_RETURN_IF_ERROR(
-          e.device->Add(grad, p->bytes(), p->grads.data(), Impl::Tag(i, add), stream));
+      ZO_RETURN_IF_ERROR(e.device->Add(grad, p->bytes(), p->grads.data(), Impl::Tag(i, add, last),
+                                       stream, upload));
     } else {
       // A new micro-batch lands where the last one did: the worker must have added it in.
-      if (e.grads_in_window % e.params.size() == 0) e.AwaitAccumulated();
-      ZO_RETURN_IF_ERROR(
-          e.device->Add(grad, p->bytes(), p->landing.data(), Impl::Tag(i, add), stream));
+      if (e.grads_in_window % e.params.size() == 0) e.AwaitWorker();
+      ZO_RETURN_IF_ERROR(e.device->Add(grad, p->bytes(), p->landing.data(), Impl::Tag(i, add, last),
+                                       stream, upload));
     }
   }
 #else
-  (void)stream, (void)i;
+  (void)stream;
 #endif
   if (!e.gpu) {
     if (e.accumulation == 1) {
@@ -447,7 +667,11 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
     } else {
       Accumulate(p->grads.as<float>(), grad, p->dtype, p->n, add);
     }
+    if (e.overlap == Overlap::kBackward && last) {
+      e.Post({nullptr, p->bytes(), Impl::Tag(i, add, last)});
+    }
   }
+  if (last) e.arrival.push_back(i);
   ++p->received;
   ++e.grads_in_window;
   return Status::Ok();
@@ -473,69 +697,116 @@ Result<EngineStepStats> OffloadEngine::Step() {
   EngineStepStats stats;
   Tracer* tracer = e.rt->tracer();
 #if ZO_HAVE_CUDA
-  double upload_wait_before = 0;
-  uint64_t to_host = 0, to_gpu = 0;
   if (e.gpu) {
     ZO_RETURN_IF_ERROR(e.device->WaitLanded().WithContext("Step: gradients to the host"));
-    if (e.accumulation > 1) e.AwaitAccumulated();
-    upload_wait_before = e.device->upload_wait_seconds();
-    to_host = e.device->bytes_to_host();
-    to_gpu = e.device->bytes_to_gpu();
   }
 #endif
+  e.AwaitWorker();  // accumulation, and the updates of the overlap modes
   stats.wait_grads_seconds = Since(start);
   if (tracer != nullptr) tracer->Record(kEngineTrack, "wait for gradients", start, Clock::now());
-  AdamHyper base = HyperFromConfig(e.config.optimizer);
-  base.step = e.steps + 1;
-  std::vector<AdamHyper> hypers;
-  for (const ParamGroup& g : e.groups) {
-    AdamHyper h = base;
-    h.lr = static_cast<float>(g.lr);
-    h.beta1 = static_cast<float>(g.beta1);
-    h.beta2 = static_cast<float>(g.beta2);
-    h.eps = static_cast<float>(g.eps);
-    h.weight_decay = static_cast<float>(g.weight_decay);
-    hypers.push_back(h);
-  }
-  std::vector<TensorGrads> grads;
-  for (const Impl::Param& p : e.params) {
-    grads.push_back({p.grads.data(), e.accumulation > 1 ? DType::kFp32 : p.dtype, nullptr,
-                     CopyFor(p.dtype), &hypers[p.group]});
-  }
   const float scale = e.scaler.scale();
+  stats.loss_scale = scale;
   const auto update_start = Clock::now();
-  auto result =
-      e.state->Step(grads, base, scale, static_cast<float>(e.config.gradient_clipping), &e);
+  switch (e.overlap) {
+    case Overlap::kNone: {
+      const AdamHyper base = e.NextBase();
+      const std::vector<AdamHyper> hypers = e.GroupHypers(base);
+      std::vector<TensorGrads> grads;
+      for (size_t i = 0; i < e.params.size(); ++i) {
+        grads.push_back(e.GradsOf(i, &hypers[e.params[i].group]));
+      }
+      auto result =
+          e.state->Step(grads, base, scale, static_cast<float>(e.config.gradient_clipping), &e);
+      ZO_RETURN_IF_ERROR(result.status().WithContext("Step"));
+      e.scaler.Update(result->skipped);
+      if (!result->skipped) ++e.steps;
+      const StepStats& s = e.state->last_step();
+      stats.skipped = result->skipped;
+      stats.grad_norm = result->grad_norm;
+      stats.clip_coef = result->clip_coef;
+      if (!result->skipped) {
+        stats.adam_seconds = s.adam_seconds;
+        stats.io_wait_seconds = s.io_wait_seconds;
+        stats.nvme_bytes_read = s.bytes_read;
+        stats.nvme_bytes_written = s.bytes_written;
+      }
+      break;
+    }
+    case Overlap::kBackward: {
+      // Each parameter was updated as its gradient landed; the norm is their parts added in
+      // parameter order, as the exact step adds them.
+      ZO_RETURN_IF_ERROR(e.worker_status.WithContext("Step (overlap \"backward\")"));
+      double total = 0;
+      for (const GradSquares& q : e.squares) total += q.sum;
+      stats.grad_norm = std::sqrt(total);
+      stats.adam_seconds = e.window_stats.adam_seconds;
+      for (Impl::Param& p : e.params) p.received = 0;
+      e.grads_in_window = 0;
+      ++e.steps;
+      if (!e.nonfinite.empty()) {
+        std::string names;
+        for (size_t k = 0; k < std::min<size_t>(e.nonfinite.size(), 5); ++k) {
+          names += StrCat(k ? ", " : "", "'", e.params[e.nonfinite[k]].name, "'");
+        }
+        return DataLossError(
+            StrCat("Step: the gradients of ", e.nonfinite.size(), " parameters (", names,
+                   ") hold inf/NaN and were not applied; under zoffload.overlap \"backward\" the "
+                   "other parameters were already updated during backward (overlap \"none\" skips "
+                   "the whole step instead)"));
+      }
+      break;
+    }
+    case Overlap::kDelayed: {
+      // The update launched at the last Step has finished (each gradient of this window
+      // waited for it); this Step reports it, then launches this window's.
+      ZO_RETURN_IF_ERROR(e.Collect(&stats).WithContext("Step (overlap \"delayed\")"));
+      e.job_base = e.NextBase();
+      e.job_hypers = e.GroupHypers(e.job_base);
+      e.job_grads.clear();
+      for (size_t i = 0; i < e.params.size(); ++i) {
+        e.job_grads.push_back(e.GradsOf(i, &e.job_hypers[e.params[i].group]));
+      }
+      e.job_order = e.arrival;
+      ++e.launched;
+      for (Impl::Param& p : e.params) p.pending = true;
+      e.update_done.store(false);
+      e.outstanding = true;
+      e.Post({nullptr, 0, Impl::kRunUpdate});
+      if (e.launched <= e.config.zoffload.delayed_warmup_steps) {
+        // A warm-up step is exact: its values go up before the next forward.
+        ZO_RETURN_IF_ERROR(e.Collect(&stats).WithContext("Step (delayed warm-up)"));
+        for (size_t i = 0; i < e.params.size(); ++i)
+          ZO_RETURN_IF_ERROR(e.UploadPending(i, nullptr));
+      }
+      break;
+    }
+  }
   stats.update_seconds = Since(update_start);
   if (tracer != nullptr) tracer->Record(kEngineTrack, "update", update_start, Clock::now());
-  ZO_RETURN_IF_ERROR(result.status().WithContext("Step"));
   for (Impl::Param& p : e.params) p.received = 0;
   e.grads_in_window = 0;
-  e.scaler.Update(result->skipped);
-  if (!result->skipped) ++e.steps;
-  const StepStats& s = e.state->last_step();
   stats.step = e.steps;
-  stats.skipped = result->skipped;
-  stats.grad_norm = result->grad_norm;
-  stats.clip_coef = result->clip_coef;
-  stats.loss_scale = scale;
-  if (!result->skipped) {
-    stats.adam_seconds = s.adam_seconds;
-    stats.io_wait_seconds = s.io_wait_seconds;
-    stats.nvme_bytes_read = s.bytes_read;
-    stats.nvme_bytes_written = s.bytes_written;
-  }
 #if ZO_HAVE_CUDA
   if (e.gpu) {
-    stats.upload_wait_seconds = e.device->upload_wait_seconds() - upload_wait_before;
-    stats.bytes_to_host = to_host - e.last_to_host;
-    stats.bytes_to_gpu = e.device->bytes_to_gpu() - to_gpu;
-    e.last_to_host = to_host;
+    stats.upload_wait_seconds = e.device->upload_wait_seconds() - e.last_upload_wait;
+    stats.bytes_to_host = e.device->bytes_to_host() - e.last_to_host;
+    stats.bytes_to_gpu = e.device->bytes_to_gpu() - e.last_to_gpu;
+    e.last_upload_wait = e.device->upload_wait_seconds();
+    e.last_to_host = e.device->bytes_to_host();
+    e.last_to_gpu = e.device->bytes_to_gpu();
   }
 #endif
   stats.seconds = Since(start);
   e.last = stats;
   return stats;
+}
+
+Status OffloadEngine::Flush(void* stream) {
+  Impl& e = *impl_;
+  if (e.overlap != Overlap::kDelayed) return Status::Ok();
+  ZO_RETURN_IF_ERROR(e.Collect(nullptr).WithContext("Flush"));
+  for (size_t i = 0; i < e.params.size(); ++i) ZO_RETURN_IF_ERROR(e.UploadPending(i, stream));
+  return Status::Ok();
 }
 
 Status OffloadEngine::WaitParameters(void* stream) {
@@ -556,12 +827,20 @@ Status OffloadEngine::SetGroup(int index, const ParamGroup& group) {
     return OutOfRangeError(StrCat("SetGroup: no group ", index, " (", group_count(), " groups)"));
   }
   ZO_RETURN_IF_ERROR(CheckGroup(group, StrCat("SetGroup ", index)));
+  if (impl_->overlap == Overlap::kBackward && impl_->grads_in_window > 0 &&
+      !(impl_->groups[index] == group)) {
+    return FailedPreconditionError(StrCat(
+        "SetGroup ", index,
+        ": under zoffload.overlap \"backward\" this window's updates "
+        "have begun with the group as it was; change it between Step and the first gradient"));
+  }
   impl_->groups[index] = group;
   return Status::Ok();
 }
 
 Status OffloadEngine::ReadState(std::string_view name, float* master, void* m, void* v) {
   ZO_ASSIGN_OR_RETURN(Impl::Param * p, impl_->Find(name));
+  ZO_RETURN_IF_ERROR(impl_->Collect(nullptr).WithContext("ReadState"));
   return impl_->state->Read(static_cast<size_t>(p - impl_->params.data()), master, m, v);
 }
 
@@ -569,6 +848,7 @@ Status OffloadEngine::LoadState(std::string_view name, const float* master, cons
                                 const void* v) {
   Impl& e = *impl_;
   ZO_ASSIGN_OR_RETURN(Impl::Param * p, e.Find(name));
+  ZO_RETURN_IF_ERROR(Flush().WithContext("LoadState"));
   const size_t t = static_cast<size_t>(p - e.params.data());
   ZO_RETURN_IF_ERROR(e.state->Write(t, master, m, v).WithContext(StrCat("LoadState '", name, "'")));
   // The model's parameter follows the master, through the same sink as a step's chunks.
@@ -584,6 +864,7 @@ Status OffloadEngine::LoadState(std::string_view name, const float* master, cons
 
 Status OffloadEngine::SetSteps(int64_t steps) {
   if (steps < 0) return InvalidArgumentError(StrCat("SetSteps: ", steps, " < 0"));
+  ZO_RETURN_IF_ERROR(impl_->Collect(nullptr).WithContext("SetSteps"));
   impl_->steps = steps;
   return Status::Ok();
 }
@@ -595,7 +876,9 @@ const EngineStepStats& OffloadEngine::last_step() const { return impl_->last; }
 
 uint64_t OffloadEngine::host_bytes() const {
   uint64_t total = impl_->state->host_bytes();
-  for (const Impl::Param& p : impl_->params) total += p.grads.size() + p.landing.size();
+  for (const Impl::Param& p : impl_->params) {
+    total += p.grads.size() + p.landing.size() + p.staged.size();
+  }
 #if ZO_HAVE_CUDA
   if (impl_->device != nullptr) total += impl_->device->host_bytes();
 #endif

@@ -330,11 +330,22 @@ Status OptimizerState::Read(size_t i, float* params, void* m, void* v) {
 
 Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
                                             const AdamHyper& hyper, float loss_scale,
-                                            float max_grad_norm, ParamSink* sink) {
+                                            float max_grad_norm, ParamSink* sink,
+                                            std::span<const size_t> order) {
   ZO_RETURN_IF_ERROR(broken_);
   if (grads.size() != tensors_.size()) {
     return InvalidArgumentError(
         StrCat("optimizer step: ", grads.size(), " gradients for ", tensors_.size(), " tensors"));
+  }
+  if (!order.empty()) {
+    std::vector<char> seen(tensors_.size(), 0);
+    bool permutation = order.size() == tensors_.size();
+    for (size_t t : order) permutation = permutation && t < seen.size() && !seen[t]++;
+    if (!permutation) {
+      return InvalidArgumentError(StrCat("optimizer step: the update order (", order.size(),
+                                         " entries) is not a permutation of the ", tensors_.size(),
+                                         " tensors"));
+    }
   }
   if (!(loss_scale > 0)) {
     return InvalidArgumentError(StrCat("optimizer step: loss_scale must be > 0, got ", loss_scale));
@@ -365,7 +376,7 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
   if (items_.empty()) {
     const std::optional<float> grad_scale = decide();
     if (!grad_scale) return result;
-    ZO_RETURN_IF_ERROR(UpdateInHost(grads, hyper, *grad_scale, sink, &stats));
+    ZO_RETURN_IF_ERROR(UpdateInHost(grads, hyper, *grad_scale, sink, &stats, order));
   } else {
     ZO_RETURN_IF_ERROR(Stream(grads, &hyper, sink, decide, &stats));
     if (result.skipped) return result;
@@ -404,21 +415,38 @@ Status OptimizerState::UpdatePiece(size_t t, const TensorGrads& g, float* params
 }
 
 Status OptimizerState::UpdateInHost(std::span<const TensorGrads> grads, const AdamHyper& hyper,
-                                    float grad_scale, ParamSink* sink, StepStats* stats) {
-  const StatePrecision p = options_.precision;
-  for (size_t i = 0; i < tensors_.size(); ++i) {
+                                    float grad_scale, ParamSink* sink, StepStats* stats,
+                                    std::span<const size_t> order) {
+  for (size_t k = 0; k < tensors_.size(); ++k) {
+    const size_t i = order.empty() ? k : order[k];
     if (!in_host(i)) continue;
-    const uint64_t n = tensors_[i].n;
-    for (uint64_t first = 0; first < n; first += chunk_) {
-      const uint64_t moment = AdamMomentBytes(p, first);  // the chunk's image (see m_)
-      ZO_RETURN_IF_ERROR(UpdatePiece(i, grads[i], params_[i].as<float>() + first,
-                                     m_[i].data() + moment, v_[i].data() + moment, first,
-                                     std::min(chunk_, n - first), hyper, grad_scale, sink,
-                                     tensors_[i].name, stats)
-                             .WithContext(StrCat("updating '", tensors_[i].name, "'")));
-    }
+    ZO_RETURN_IF_ERROR(UpdateHostTensor(i, grads[i], hyper, grad_scale, sink, stats));
   }
   return Status::Ok();
+}
+
+Status OptimizerState::UpdateHostTensor(size_t i, const TensorGrads& grads, const AdamHyper& hyper,
+                                        float grad_scale, ParamSink* sink, StepStats* stats) {
+  const StatePrecision p = options_.precision;
+  const uint64_t n = tensors_[i].n;
+  for (uint64_t first = 0; first < n; first += chunk_) {
+    const uint64_t moment = AdamMomentBytes(p, first);  // the chunk's image (see m_)
+    ZO_RETURN_IF_ERROR(UpdatePiece(i, grads, params_[i].as<float>() + first, m_[i].data() + moment,
+                                   v_[i].data() + moment, first, std::min(chunk_, n - first), hyper,
+                                   grad_scale, sink, tensors_[i].name, stats)
+                           .WithContext(StrCat("updating '", tensors_[i].name, "'")));
+  }
+  return Status::Ok();
+}
+
+Status OptimizerState::UpdateTensor(size_t t, const TensorGrads& grads, const AdamHyper& hyper,
+                                    ParamSink* sink, StepStats* stats) {
+  ZO_RETURN_IF_ERROR(broken_);
+  if (t >= tensors_.size() || !in_host(t) || grads.grads == nullptr) {
+    return InvalidArgumentError(
+        StrCat("optimizer update: tensor ", t, " is not a tensor in host memory with gradients"));
+  }
+  return UpdateHostTensor(t, grads, hyper, 1.0f, sink, stats);
 }
 
 Result<StepStats> OptimizerState::IoOnlyPass() {

@@ -143,9 +143,15 @@ class OptimizerState {
 
   /// One optimizer step over every tensor; grads[i] belongs to tensor i. With `sink`, the
   /// updated parameters go to it chunk by chunk (TensorGrads::param_copy is not used).
+  /// `order` (a permutation of the tensors, or empty for index order) is the order in which
+  /// tensors in host memory are updated.
   Result<AdamStepResult> Step(std::span<const TensorGrads> grads, const AdamHyper& hyper,
                               float loss_scale = 1.0f, float max_grad_norm = 0.0f,
-                              ParamSink* sink = nullptr);
+                              ParamSink* sink = nullptr, std::span<const size_t> order = {});
+  /// CPU Adam over tensor t alone (its state in host memory), gradient scale 1, timed into
+  /// `stats`: a step taken tensor by tensor (no norm, clip or skip here; the caller decides).
+  Status UpdateTensor(size_t t, const TensorGrads& grads, const AdamHyper& hyper, ParamSink* sink,
+                      StepStats* stats);
   /// The same reads and writes as an NVMe step, without the update: the time the disk needs
   /// for a step's bytes (the I/O bound). State is rewritten unchanged.
   Result<StepStats> IoOnlyPass();
@@ -179,9 +185,13 @@ class OptimizerState {
   Status UpdatePiece(size_t t, const TensorGrads& g, float* params, void* m, void* v,
                      uint64_t first, uint64_t n, const AdamHyper& hyper, float grad_scale,
                      ParamSink* sink, const std::string& label, StepStats* stats);
-  // Updates the tensors whose state is in host memory, chunk by chunk.
+  // Updates the tensors whose state is in host memory, chunk by chunk, in `order` (empty:
+  // index order).
   Status UpdateInHost(std::span<const TensorGrads> grads, const AdamHyper& hyper, float grad_scale,
-                      ParamSink* sink, StepStats* stats);
+                      ParamSink* sink, StepStats* stats, std::span<const size_t> order = {});
+  // Tensor t (in host memory), chunk by chunk.
+  Status UpdateHostTensor(size_t t, const TensorGrads& grads, const AdamHyper& hyper,
+                          float grad_scale, ParamSink* sink, StepStats* stats);
 
   std::vector<OptimizerTensor> tensors_;
   OptimizerStateOptions options_;

@@ -548,6 +548,7 @@ TEST(EngineTest, NvmeReadErrorFailsTheStepAndLeavesTheStateAsBefore) {
 
 #if ZO_HAVE_CUDA
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+#define CUDA_EXPECT(expr) EXPECT_EQ((expr), cudaSuccess) << #expr
 
 // The same training with the model's parameters in GPU memory and gradients written there by
 // a CUDA kernel (a cast from fp32), handed over on a stream and overwritten at once after
@@ -651,6 +652,249 @@ INSTANTIATE_TEST_SUITE_P(Combinations, EngineGpu,
                                            Case{4, true, StatePrecision::kInt8, "host"},
                                            Case{1, false, StatePrecision::kInt8, "nvme"}),
                          CaseName);
+#endif  // ZO_HAVE_CUDA
+
+// ---- zoffload.overlap ------------------------------------------------------------------
+
+Config OverlapConfig(int accumulation, const std::string& overlap, int warmup) {
+  auto config = ParseConfig(StrCat(R"({"gradient_accumulation_steps": )", accumulation, R"(,
+    "bf16": {"enabled": true},
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": )",
+                                   kBucketElements, R"(,
+                          "offload_optimizer": {"device": "cpu"}},
+    "zoffload": {"cpu_adam_threads": 2, "overlap": ")",
+                                   overlap, R"(", "delayed_warmup_steps": )", warmup, "}}"));
+  EXPECT_TRUE(config.ok()) << config.status();
+  return *config;
+}
+
+// What a training run through the engine showed: the model's parameters as the next forward
+// sees them after each Step, then after Flush; the masters at the end; each Step's figures.
+struct Run {
+  std::vector<std::vector<std::vector<uint16_t>>> visible;
+  std::vector<std::vector<uint16_t>> flushed;
+  std::vector<std::vector<float>> masters;
+  std::vector<double> norms;
+  std::vector<int64_t> steps;
+};
+
+// kSteps steps of fixed gradients (they do not depend on the parameters, so every mode
+// applies the same updates; only when the model sees them differs), a schedule changing the
+// learning rate between steps; the model on the GPU when `gpu`, else in host memory.
+Run Train(const Config& config, bool gpu) {
+  Run run;
+  Model model(7);
+  std::vector<ParameterSpec> specs = model.Specs();
+  std::vector<void*> device(kSizes.size(), nullptr);
+  void* grad = nullptr;
+  void* stream = nullptr;
+#if ZO_HAVE_CUDA
+  cudaStream_t cuda_stream = nullptr;
+  if (gpu) {
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      CUDA_EXPECT(cudaMalloc(&device[i], 2 * kSizes[i]));
+      CUDA_EXPECT(
+          cudaMemcpy(device[i], model.params[i].data(), 2 * kSizes[i], cudaMemcpyHostToDevice));
+      specs[i].data = device[i];
+    }
+    CUDA_EXPECT(cudaMalloc(&grad, 2 * 13001));
+    CUDA_EXPECT(cudaStreamCreateWithFlags(&cuda_stream, cudaStreamNonBlocking));
+    stream = cuda_stream;
+  }
+#endif
+  auto visible = [&] {
+    std::vector<std::vector<uint16_t>> out = model.params;
+#if ZO_HAVE_CUDA
+    if (gpu) {
+      CUDA_EXPECT(cudaStreamSynchronize(cuda_stream));
+      for (size_t i = 0; i < kSizes.size(); ++i) {
+        CUDA_EXPECT(cudaMemcpy(out[i].data(), device[i], 2 * kSizes[i], cudaMemcpyDeviceToHost));
+      }
+    }
+#endif
+    return out;
+  };
+  {
+    EngineOptions eo;
+    eo.host_params = !gpu;
+    eo.require_gpu = gpu;
+    eo.groups = Groups();
+    eo.chunk_elements = kChunk;
+    auto engine = OffloadEngine::Create(config, specs, eo);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) return run;
+    const int accumulation = static_cast<int>(*config.gradient_accumulation_steps);
+    for (int step = 1; step <= kSteps; ++step) {
+      for (int g = 0; g < 2; ++g) {
+        ParamGroup group = Groups()[g];
+        group.lr = LrAt(step);
+        EXPECT_TRUE((*engine)->SetGroup(g, group).ok());
+      }
+      for (int micro = 0; micro < accumulation; ++micro) {
+        const auto grads = Grads(1000 * step + micro);
+        for (size_t i = kSizes.size(); i-- > 0;) {  // backward order
+          const void* g = grads[i].data();
+#if ZO_HAVE_CUDA
+          if (gpu) {
+            CUDA_EXPECT(cudaMemcpyAsync(grad, grads[i].data(), 2 * kSizes[i],
+                                        cudaMemcpyHostToDevice, cuda_stream));
+            g = grad;
+          }
+#endif
+          const Status s = (*engine)->GradientReady(Name(i), g, kSizes[i], DType::kBf16, stream);
+          EXPECT_TRUE(s.ok()) << s;
+#if ZO_HAVE_CUDA
+          if (gpu) {
+            CUDA_EXPECT(cudaMemsetAsync(grad, 0xFF, 2 * kSizes[i], cuda_stream));  // reused at once
+            CUDA_EXPECT(cudaStreamSynchronize(cuda_stream));
+          }
+#endif
+        }
+      }
+      auto stats = (*engine)->Step();
+      EXPECT_TRUE(stats.ok()) << stats.status();
+      if (!stats.ok()) return run;
+      run.norms.push_back(stats->grad_norm);
+      run.steps.push_back(stats->step);
+      EXPECT_TRUE((*engine)->WaitParameters(stream).ok());
+      run.visible.push_back(visible());
+    }
+    EXPECT_TRUE((*engine)->Flush(stream).ok());
+    EXPECT_TRUE((*engine)->WaitParameters(stream).ok());
+    run.flushed = visible();
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      std::vector<float> p(kSizes[i]);
+      std::vector<std::byte> m(AdamMomentBytes(StatePrecision::kFp32, kSizes[i]));
+      std::vector<std::byte> v(m.size());
+      EXPECT_TRUE((*engine)->ReadState(Name(i), p.data(), m.data(), v.data()).ok());
+      run.masters.push_back(std::move(p));
+    }
+  }
+#if ZO_HAVE_CUDA
+  if (gpu) {
+    for (void* p : device) CUDA_EXPECT(cudaFree(p));
+    CUDA_EXPECT(cudaFree(grad));
+    CUDA_EXPECT(cudaStreamDestroy(cuda_stream));
+  }
+#endif
+  return run;
+}
+
+// "backward" updates each parameter while the others' gradients still come, and is bit for
+// bit the exact step: parameters after every step, masters, the gradient norm.
+void ExpectBackwardIsExact(bool gpu) {
+  for (int accumulation : {1, 3}) {
+    SCOPED_TRACE(StrCat("accumulation ", accumulation));
+    const Run exact = Train(OverlapConfig(accumulation, "none", 0), gpu);
+    const Run overlapped = Train(OverlapConfig(accumulation, "backward", 0), gpu);
+    ASSERT_EQ(exact.visible.size(), static_cast<size_t>(kSteps));
+    ASSERT_EQ(overlapped.visible.size(), static_cast<size_t>(kSteps));
+    for (int t = 0; t < kSteps; ++t) EXPECT_EQ(overlapped.visible[t], exact.visible[t]) << t;
+    EXPECT_EQ(overlapped.masters, exact.masters);
+    EXPECT_EQ(overlapped.norms, exact.norms);
+    EXPECT_EQ(overlapped.steps, exact.steps);
+  }
+}
+
+// "delayed": after Step t the model holds step t-1's parameters (step t's update runs during
+// the next forward and backward), the first `warmup` steps excepted; Flush brings the last.
+// The updates themselves are the exact ones.
+void ExpectDelayedIsOneStepBehind(bool gpu) {
+  for (int accumulation : {1, 2}) {
+    for (int warmup : {0, 3}) {
+      SCOPED_TRACE(StrCat("accumulation ", accumulation, ", warm-up ", warmup));
+      const Run exact = Train(OverlapConfig(accumulation, "none", 0), gpu);
+      const Run delayed = Train(OverlapConfig(accumulation, "delayed", warmup), gpu);
+      ASSERT_EQ(delayed.visible.size(), static_cast<size_t>(kSteps));
+      const Model initial(7);
+      for (int t = 0; t < kSteps; ++t) {  // after Step t + 1
+        const auto& want = t < warmup ? exact.visible[t]
+                           : t == 0   ? initial.params
+                                      : exact.visible[t - 1];
+        EXPECT_EQ(delayed.visible[t], want) << "after step " << t + 1;
+        EXPECT_EQ(delayed.steps[t], t < warmup ? t + 1 : t) << "after step " << t + 1;
+      }
+      EXPECT_EQ(delayed.flushed, exact.flushed);
+      EXPECT_EQ(delayed.masters, exact.masters);
+    }
+  }
+}
+
+TEST(EngineOverlap, BackwardIsBitIdenticalToTheExactStep) { ExpectBackwardIsExact(false); }
+TEST(EngineOverlap, DelayedRunsOneStepBehindThenFlushes) { ExpectDelayedIsOneStepBehind(false); }
+
+// What each mode cannot do is refused by the config, naming both keys.
+TEST(EngineOverlap, ImpossibleCombinationsAreConfigErrors) {
+  const std::string base = R"("zero_optimization": {"stage": 2, "offload_optimizer": {"device": )";
+  struct Bad {
+    std::string json;
+    std::string other_key;
+  };
+  const std::vector<Bad> bad = {
+      {R"({"gradient_clipping": 1.0, "zoffload": {"overlap": "backward"}})", "gradient_clipping"},
+      {R"({"fp16": {"enabled": true}, "zoffload": {"overlap": "delayed"}})", "fp16.enabled"},
+      {R"({"fp16": {"enabled": true}, "zoffload": {"overlap": "backward"}})", "fp16.enabled"},
+      {"{" + base + R"("nvme", "nvme_path": "/tmp"}}, "zoffload": {"overlap": "backward"}})",
+       "offload_optimizer.device"},
+      {R"({"zoffload": {"overlap": "sideways"}})", "sideways"},
+      {R"({"zoffload": {"delayed_warmup_steps": -1}})", "delayed_warmup_steps"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.json);
+    auto config = ParseConfig(b.json);
+    ASSERT_FALSE(config.ok());
+    EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+    const std::string message(config.status().message());
+    EXPECT_NE(message.find("zoffload."), std::string::npos) << message;
+    EXPECT_NE(message.find(b.other_key), std::string::npos) << message;
+  }
+  // Clipping is fine with "delayed": its update has every gradient before it starts.
+  EXPECT_TRUE(
+      ParseConfig(R"({"gradient_clipping": 1.0, "zoffload": {"overlap": "delayed"}})").ok());
+}
+
+// "backward": a group changed after the window's updates began is refused (the updates used
+// the old one); an inf gradient cannot skip the step, and Step says which one was left out.
+TEST(EngineOverlap, BackwardRefusesLateGroupChangesAndReportsInfGradients) {
+  Model model(3);
+  EngineOptions eo;
+  eo.host_params = true;
+  eo.groups = Groups();
+  eo.chunk_elements = kChunk;
+  auto engine = OffloadEngine::Create(OverlapConfig(1, "backward", 0), model.Specs(), eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto grads = Grads(5);
+  grads[2][7] = 0x7F80;  // +inf
+  for (size_t i = kSizes.size(); i-- > 0;) {
+    ASSERT_TRUE((*engine)->GradientReady(Name(i), grads[i].data(), kSizes[i], DType::kBf16).ok());
+    if (i == 3) {
+      ParamGroup changed = Groups()[0];
+      changed.lr = 0.5;
+      EXPECT_EQ((*engine)->SetGroup(0, changed).code(), StatusCode::kFailedPrecondition);
+      EXPECT_TRUE((*engine)->SetGroup(0, Groups()[0]).ok());  // unchanged: fine
+    }
+  }
+  const std::vector<uint16_t> before = model.params[2];
+  auto stats = (*engine)->Step();
+  ASSERT_FALSE(stats.ok());
+  EXPECT_EQ(stats.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(stats.status().message().find(Name(2)), std::string::npos) << stats.status();
+  EXPECT_EQ(model.params[2], before);
+  EXPECT_NE(model.params[0], Model(3).params[0]);  // the others were updated
+}
+
+#if ZO_HAVE_CUDA
+class EngineGpuOverlap : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (auto n = UsableGpuCount(); !n.ok()) GTEST_SKIP() << n.status().message();
+  }
+};
+TEST_F(EngineGpuOverlap, BackwardIsBitIdenticalToTheExactStep) { ExpectBackwardIsExact(true); }
+TEST_F(EngineGpuOverlap, DelayedRunsOneStepBehindThenFlushes) {
+  ExpectDelayedIsOneStepBehind(true);
+}
 #endif  // ZO_HAVE_CUDA
 
 }  // namespace
