@@ -298,6 +298,12 @@ class Engine {
     Check(e.WaitParameters(reinterpret_cast<void*>(stream)));
   }
 
+  void Flush(uintptr_t stream) {
+    OffloadEngine& e = Live();
+    nb::gil_scoped_release release;
+    Check(e.Flush(reinterpret_cast<void*>(stream)));
+  }
+
   void SetGroup(int index, const nb::dict& group) {
     OffloadEngine& e = Live();
     if (index < 0 || index >= e.group_count()) {
@@ -439,6 +445,10 @@ void DefineModule(nb::module_& m) {
            "loss scale, skipped).")
       .def("wait_parameters", &Engine::WaitParameters, nb::arg("stream") = 0,
            "Makes `stream` wait (on the GPU) for the updated parameters.")
+      .def("flush", &Engine::Flush, nb::arg("stream") = 0,
+           "Overlap \"delayed\": waits for the update still running and sends its values to "
+           "the model after the work on `stream`, so the parameters are the last step's. A "
+           "no-op in the other modes.")
       .def("set_group", &Engine::SetGroup, nb::arg("index"), nb::arg("group"),
            "Changes a group's lr, betas, eps or weight_decay from the next step on.")
       .def("group", &Engine::Group, nb::arg("index"), "A group's hyperparameters.")

@@ -123,6 +123,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._config_json, spec, [self._group_hyper(g) for g in self.param_groups]
         )
         self._sent = [self._group_hyper(g) for g in self.param_groups]
+        self._window_open = False  # a gradient of the coming step has been handed over
+        self._closed = False
         self._skipped = 0
         self._hooks = [
             t.register_post_accumulate_grad_hook(self._make_hook(self._names[id(t)]))
@@ -141,8 +143,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
             grad = param.grad
             if grad is None:
                 return
-            stream = torch.cuda.current_stream(param.device).cuda_stream if param.is_cuda else 0
-            engine.gradient_ready(name, grad.detach(), stream)
+            if not self._window_open:  # overlap "backward" updates with the groups as they are
+                self._sync_groups()
+                self._window_open = True
+            engine.gradient_ready(name, grad.detach(), self._stream())
             param.grad = None  # the engine has its copy
 
         return hook
@@ -174,18 +178,33 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._sync_groups()
+        stats = self._engine.step()
+        self._window_open = False
+        if stats["skipped"]:
+            self._skipped += 1
+        self._engine.wait_parameters(self._stream())
+        return loss
+
+    def flush(self) -> None:
+        """With ``zoffload.overlap`` "delayed" the model holds the parameters of one step
+        before the last; this waits for the update still running and puts the last step's
+        parameters into the model (state_dict and close do it too). A no-op otherwise."""
+        self._engine.flush(self._stream())
+        self._engine.wait_parameters(self._stream())
+
+    def _sync_groups(self) -> None:
         for i, g in enumerate(self.param_groups):
             hyper = self._group_hyper(g)
             if hyper != self._sent[i]:
                 self._engine.set_group(i, hyper)
                 self._sent[i] = hyper
-        stats = self._engine.step()
-        if stats["skipped"]:
-            self._skipped += 1
-        if self._cuda:
-            device = self.param_groups[0]["params"][0].device
-            self._engine.wait_parameters(torch.cuda.current_stream(device).cuda_stream)
-        return loss
+
+    def _stream(self) -> int:
+        """The current CUDA stream of the parameters' device (0 in host mode)."""
+        if not self._cuda:
+            return 0
+        return torch.cuda.current_stream(self.param_groups[0]["params"][0].device).cuda_stream
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Gradients are dropped as the engine takes them; this clears any left over."""
@@ -201,6 +220,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """The optimizer's state: per parameter name its fp32 ``master``, ``exp_avg`` and
         ``exp_avg_sq`` (float32 for fp32 state, the raw bytes for bf16 and int8 state), the
         param groups (parameters by name) and the step count. CPU tensors."""
+        self.flush()
         state = {}
         for name in self._ordered_names():
             master, m, v = self._engine.read_state(name)
@@ -248,16 +268,18 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for g, saved in zip(self.param_groups, groups):
             g.update({k: v for k, v in saved.items() if k != "params"})
         self._engine.steps = int(state_dict["steps"])
-        if self._cuda:
-            device = self.param_groups[0]["params"][0].device
-            self._engine.wait_parameters(torch.cuda.current_stream(device).cuda_stream)
+        self._engine.wait_parameters(self._stream())
 
     def _ordered_names(self) -> List[str]:
         return [self._names[id(t)] for g in self.param_groups for t in g["params"]]
 
     def close(self) -> None:
         """Removes the hooks and frees the engine's memory now."""
+        if self._closed:
+            return
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        self.flush()
         self._engine.close()
+        self._closed = True

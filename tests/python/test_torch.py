@@ -295,3 +295,41 @@ def test_defaults_alone_train_in_host_memory():
     loss_of(model, tokens).backward()
     opt.step()
     assert opt.stats()["step"] == 1 and opt.engine.host_bytes > 0
+
+
+def test_overlap_backward_is_identical_and_delayed_trains_one_step_behind():
+    """zoffload.overlap: "backward" gives the very parameters of "none" (schedule, groups,
+    accumulation); "delayed" runs its warm-up steps exactly, then trains on one-step-old
+    parameters (the loss still falls), and flush() brings the model up to its last step."""
+    data = batches(12, micro=2)
+
+    def run(overlap, warmup=0):
+        model = make_model()
+        opt = zt.OffloadOptimizer(
+            groups_of(model, 0.1),
+            config(gradient_accumulation_steps=2,
+                   zoffload={"overlap": overlap, "delayed_warmup_steps": warmup}),
+            lr=3e-3)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.2 * s))
+        losses = train(model, opt, data, sched)
+        opt.flush()
+        params = [p.detach().clone() for p in model.parameters()]
+        opt.close()
+        return losses, params
+
+    exact, exact_params = run("none")
+    backward, backward_params = run("backward")
+    assert backward == exact
+    assert all(torch.equal(a, b) for a, b in zip(backward_params, exact_params))
+    delayed, _ = run("delayed", warmup=3)
+    assert delayed[:4] == exact[:4]  # step 4's loss: the warm-up's exact parameters
+    assert delayed[4] != exact[4]
+    assert delayed[-1] < 0.8 * delayed[0], delayed
+
+
+def test_overlap_rejects_clipping_with_backward_naming_both_keys():
+    model = make_model()
+    with pytest.raises(zoffload.ConfigError, match="gradient_clipping") as e:
+        zt.OffloadOptimizer(model.named_parameters(),
+                            config(gradient_clipping=1.0, zoffload={"overlap": "backward"}))
+    assert "zoffload.overlap" in str(e.value)
