@@ -22,6 +22,7 @@ skipped and counted in ``skipped_steps``.
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
@@ -137,16 +138,18 @@ class OffloadOptimizer(torch.optim.Optimizer):
         return {k: (tuple(group[k]) if k == "betas" else float(group[k])) for k in _GROUP_KEYS}
 
     def _make_hook(self, name: str):
-        engine = self._engine
+        # A weak reference: the parameter holds the hook, and the optimizer its parameters.
+        this = weakref.ref(self)
 
         def hook(param: torch.Tensor) -> None:
             grad = param.grad
-            if grad is None:
+            opt = this()
+            if grad is None or opt is None:
                 return
-            if not self._window_open:  # overlap "backward" updates with the groups as they are
-                self._sync_groups()
-                self._window_open = True
-            engine.gradient_ready(name, grad.detach(), self._stream())
+            if not opt._window_open:  # overlap "backward" updates with the groups as they are
+                opt._sync_groups()
+                opt._window_open = True
+            opt._engine.gradient_ready(name, grad.detach(), opt._stream())
             param.grad = None  # the engine has its copy
 
         return hook
