@@ -1,0 +1,345 @@
+#!/usr/bin/env python3
+"""7B on one 24 GiB GPU, side by side: each system trains the same Llama-shaped model
+(examples/finetune_7b.py: random init seed 0, bf16, gradient checkpointing, 4 x 2048 tokens)
+in its own process, with the same data and GPU cap; this prints s/step, tokens/s, the losses,
+GPU peak and host memory, the ratios to the bounds and anchors, and writes JSON and plots.
+
+Systems (--systems, comma-separated; default: all):
+  fwd_bwd        forward and backward alone, hooks dropping each gradient (the GPU's part)
+  no_offload     everything in HBM, no cap: bf16 model, fp32 masters + torch fused AdamW on the
+                 GPU (the speed of light)
+  manual         the hand-written torch offload loop: post-accumulate hooks into pinned host
+                 buffers, torch fused CPU AdamW per parameter, bf16 copy back
+  torchao        torchao CPUOffloadOptimizer(AdamW fused, offload_gradients) on the bf16 model:
+                 no fp32 master (labelled so: not lossless)
+  deepspeed_z2   DeepSpeed ZeRO-2 + offload_optimizer cpu (pin_memory, overlap_comm)
+  deepspeed_z3   DeepSpeed ZeRO-3 + offload_param/offload_optimizer cpu, zero.Init
+  zoffload:OVERLAP:STATE   e.g. zoffload:none:fp32, zoffload:delayed:bf16
+A system that fails (out of memory, killed, import error) is a result: its exit status and
+the last lines it printed are recorded.
+
+usage: bench/finetune_7b.py [--systems ...] [--layers 32] [--steps 6] [--out DIR]
+       bench/finetune_7b.py --system NAME [model options]    (one system, this process)
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "examples"))
+import finetune_7b as ft  # noqa: E402
+
+ALL = ["fwd_bwd", "no_offload", "zoffload:none:fp32", "zoffload:backward:fp32",
+       "zoffload:delayed:fp32", "zoffload:delayed:bf16", "manual", "torchao", "deepspeed_z2",
+       "deepspeed_z3"]
+
+
+def run_fwd_bwd(args, torch):
+    model = ft.build_model(args)
+    tokens = ft.make_batch(args)
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(lambda t: setattr(t, "grad", None))
+    ft.cap_gpu(args)
+    torch.cuda.reset_peak_memory_stats()
+    meter = ft.Meter(args, "fwd_bwd")
+    for _ in range(args.steps):
+        meter.begin()
+        loss = ft.forward_backward(model, tokens, args.accumulation)
+        meter.end(loss)
+    return meter
+
+
+def run_no_offload(args, torch):
+    args.gpu_mem_cap = "none"
+    model = ft.build_model(args)
+    tokens = ft.make_batch(args)
+    params = list(model.parameters())
+    masters = [p.detach().float() for p in params]
+    opt = torch.optim.AdamW(masters, lr=args.lr, weight_decay=0.0, fused=True)
+    torch.cuda.reset_peak_memory_stats()
+    meter = ft.Meter(args, "no_offload")
+    for _ in range(args.steps):
+        meter.begin()
+        loss = ft.forward_backward(model, tokens, args.accumulation)
+        with torch.no_grad():
+            for m, p in zip(masters, params):
+                m.grad = p.grad.float()
+                p.grad = None
+            opt.step()
+            for m, p in zip(masters, params):
+                m.grad = None
+                p.copy_(m)
+        meter.end(loss)
+    return meter
+
+
+def run_manual(args, torch):
+    """What a careful user writes without a library."""
+    model = ft.build_model(args)
+    tokens = ft.make_batch(args)
+    params = list(model.parameters())
+    masters = [p.detach().float().cpu() for p in params]
+    pinned = [torch.empty(p.shape, dtype=p.dtype, pin_memory=True) for p in params]
+    opts = [torch.optim.AdamW([m], lr=args.lr, weight_decay=0.0, fused=True) for m in masters]
+    side = torch.cuda.Stream()
+    first = [True]
+
+    def hook(i):
+        def f(t):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                if first[0]:
+                    pinned[i].copy_(t.grad, non_blocking=True)
+                else:
+                    pinned[i].add_(t.grad.cpu())  # accumulation: rare path
+                t.grad.record_stream(side)
+            t.grad = None
+        return f
+
+    for i, p in enumerate(params):
+        p.register_post_accumulate_grad_hook(hook(i))
+    ft.cap_gpu(args)
+    torch.cuda.reset_peak_memory_stats()
+    meter = ft.Meter(args, "manual")
+    for _ in range(args.steps):
+        meter.begin()
+        loss = ft.forward_backward(model, tokens, args.accumulation)
+        side.synchronize()
+        with torch.no_grad():
+            for m, g, p, o in zip(masters, pinned, params, opts):
+                m.grad = g.float()
+                o.step()
+                m.grad = None
+                g.copy_(m)  # the bf16 copy, pinned, goes up
+                p.copy_(g, non_blocking=True)
+        meter.end(loss)
+    return meter
+
+
+def run_torchao(args, torch):
+    from torchao.optim import CPUOffloadOptimizer
+
+    model = ft.build_model(args)
+    tokens = ft.make_batch(args)
+    opt = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, offload_gradients=True,
+                              fused=True, lr=args.lr, weight_decay=0.0)
+    ft.cap_gpu(args)
+    torch.cuda.reset_peak_memory_stats()
+    meter = ft.Meter(args, "torchao (bf16 params, no fp32 master)")
+    for _ in range(args.steps):
+        meter.begin()
+        loss = ft.forward_backward(model, tokens, args.accumulation)
+        opt.step()
+        opt.zero_grad()
+        meter.end(loss)
+    return meter
+
+
+def run_deepspeed(args, torch, stage):
+    import deepspeed
+
+    for k, v in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "RANK": "0",
+                 "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(k, v)
+    zero = {"stage": stage, "offload_optimizer": {"device": "cpu", "pin_memory": True},
+            "overlap_comm": True, "reduce_bucket_size": 2e8}
+    if stage == 3:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    else:
+        zero["allgather_bucket_size"] = 2e8
+    config = {"train_micro_batch_size_per_gpu": args.batch,
+              "gradient_accumulation_steps": args.accumulation, "bf16": {"enabled": True},
+              "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.0}},
+              "zero_optimization": zero}
+    ft.cap_gpu(args)
+    if stage == 3:
+        with deepspeed.zero.Init(config_dict_or_path=config):
+            model = ft.build_model(args)
+    else:
+        model = ft.build_model(args)
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config)
+    tokens = ft.make_batch(args)
+    torch.cuda.reset_peak_memory_stats()
+    meter = ft.Meter(args, f"deepspeed_z{stage}")
+    for _ in range(args.steps):
+        meter.begin()
+        total = 0.0
+        for _ in range(args.accumulation):
+            loss = engine(input_ids=tokens, labels=tokens).loss
+            engine.backward(loss)
+            engine.step()
+            total += loss.item() / args.accumulation
+        meter.end(total)
+    return meter
+
+
+def run_zoffload(args, torch, overlap, state):
+    import zoffload.torch
+
+    args.overlap, args.state, args.threads = overlap, state, 0
+    model = ft.build_model(args)
+    tokens = ft.make_batch(args)
+    opt = zoffload.torch.OffloadOptimizer(model.named_parameters(),
+                                          config=ft.zoffload_config(args))
+    ft.cap_gpu(args, held_elsewhere=opt.engine.gpu_bytes)
+    torch.cuda.reset_peak_memory_stats()
+    meter = ft.Meter(args, f"zoffload:{overlap}:{state}", extra_gpu=opt.engine.gpu_bytes)
+    for _ in range(args.steps):
+        meter.begin()
+        loss = ft.forward_backward(model, tokens, args.accumulation)
+        opt.step()
+        s = opt.stats()
+        meter.end(loss, adam_seconds=s["adam_seconds"], wait_grads_seconds=s["wait_grads_seconds"])
+    opt.flush()
+    meter.host_bytes = opt.engine.host_bytes
+    return meter
+
+
+def run_one(args):
+    import torch
+
+    name = args.system
+    if name.startswith("zoffload:"):
+        _, overlap, state = name.split(":")
+        meter = run_zoffload(args, torch, overlap, state)
+    elif name.startswith("deepspeed_z"):
+        meter = run_deepspeed(args, torch, int(name[-1]))
+    else:
+        meter = {"fwd_bwd": run_fwd_bwd, "no_offload": run_no_offload, "manual": run_manual,
+                 "torchao": run_torchao}[name](args, torch)
+    meter.summary(params=ft_params(args), host_bytes=getattr(meter, "host_bytes", None))
+
+
+def ft_params(args):
+    """Parameters of the Llama shape at args.layers (embedding and head untied)."""
+    h, i, v = 4096, 11008, 32000
+    return 2 * v * h + args.layers * (4 * h * h + 3 * h * i + 2 * h) + h
+
+
+def drive(args):
+    os.makedirs(args.out, exist_ok=True)
+    results = []
+    for name in args.systems.split(","):
+        path = os.path.join(args.out, name.replace(":", "_") + ".json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--system", name, "--json", path,
+               "--layers", str(args.layers), "--steps", str(args.steps), "--batch",
+               str(args.batch), "--seq", str(args.seq), "--accumulation", str(args.accumulation),
+               "--gpu-mem-cap", args.gpu_mem_cap, "--lr", str(args.lr)]
+        print(f"== {name}", flush=True)
+        start = time.time()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            code, output = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as e:
+            code = "timeout"
+            output = (e.stdout or b"").decode() + (e.stderr or b"").decode() \
+                if isinstance(e.stdout, bytes) else str(e.stdout or "") + str(e.stderr or "")
+        for line in output.splitlines():
+            if " step " in line:
+                print("  " + line, flush=True)
+        if code == 0 and os.path.exists(path):
+            with open(path) as f:
+                result = json.load(f)
+        else:
+            tail = [l for l in output.splitlines() if l.strip()][-6:]
+            result = {"system": name, "failed": True, "exit": code, "why": tail}
+            print(f"  FAILED ({code}): " + " | ".join(tail)[-600:], flush=True)
+        result["wall_seconds"] = time.time() - start
+        results.append(result)
+    report(args, results)
+
+
+def report(args, results):
+    by = {r["system"].split(" ")[0]: r for r in results if not r.get("failed")}
+    lines = ["| system | s/step | tok/s | GPU peak GiB | host GiB | losses |", "|---|---|---|---|---|---|"]
+    for r in results:
+        if r.get("failed"):
+            lines.append(f"| {r['system']} | failed ({r['exit']}) | | | | {' / '.join(r['why'][-2:])[:160]} |")
+            continue
+        losses = ", ".join(f"{x:.3f}" for x in r["losses"][:4])
+        lines.append(f"| {r['system']} | {r['seconds_per_step']:.3f} | {r['tokens_per_s']:.0f} | "
+                     f"{r['gpu_peak_gib']:.1f} | {r['host_peak_gib']:.1f} | {losses} |")
+    print("\n".join(lines))
+    fb = by.get("fwd_bwd")
+    bounds = {}
+    z = by.get("zoffload:none:fp32")
+    if fb and z:
+        adam = sum(s["adam_seconds"] for s in z["steps"][2:]) / max(1, len(z["steps"][2:]))
+        fwd_bwd = fb["seconds_per_step"]
+        bounds = {"fwd_bwd": fwd_bwd, "cpu_adam": adam,
+                  "none": fwd_bwd + adam, "delayed": max(fwd_bwd, adam)}
+        print(f"bounds: fwd+bwd {fwd_bwd:.3f} s, CPU Adam {adam:.3f} s")
+        for mode, bound in (("none", bounds["none"]), ("delayed", bounds["delayed"])):
+            r = by.get(f"zoffload:{mode}:fp32")
+            if r:
+                print(f"zoffload {mode} fp32: {r['seconds_per_step']:.3f} s/step = "
+                      f"{r['seconds_per_step'] / bound:.2f} x its bound ({bound:.3f} s; target <= 1.1)")
+        r = by.get("zoffload:backward:fp32")
+        if r:
+            print(f"zoffload backward fp32: {r['seconds_per_step']:.3f} s/step "
+                  f"(none's bound {bounds['none']:.3f} s)")
+    for name in ("manual", "torchao", "no_offload", "deepspeed_z2"):
+        for mine in [k for k in by if k.startswith("zoffload:")]:
+            if name in by:
+                print(f"{mine} vs {name}: {by[name]['seconds_per_step'] / by[mine]['seconds_per_step']:.2f}x "
+                      f"the speed ({by[mine]['tokens_per_s']:.0f} vs {by[name]['tokens_per_s']:.0f} tok/s)")
+    with open(os.path.join(args.out, "finetune_7b.json"), "w") as f:
+        json.dump({"layers": args.layers, "params": ft_params(args), "bounds": bounds,
+                   "results": results}, f, indent=1)
+    with open(os.path.join(args.out, "finetune_7b.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    plot(args, results)
+
+
+def plot(args, results):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plots")
+        return
+    ok = [r for r in results if not r.get("failed")]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in ok:
+        if r["system"] != "fwd_bwd":
+            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], marker="o", label=r["system"])
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"Llama shape, {ft_params(args) / 1e9:.2f}B params, 4 x 2048 tokens")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "finetune_7b_loss.png"), dpi=120)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = [r["system"] for r in ok]
+    bars = ax.bar(range(len(ok)), [r["seconds_per_step"] for r in ok])
+    for b, r in zip(bars, ok):
+        ax.annotate(f"GPU {r['gpu_peak_gib']:.1f}\nhost {r['host_peak_gib']:.0f} GiB",
+                    (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
+                    va="bottom", fontsize=6)
+    ax.set_xticks(range(len(ok)), names, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("s/step")
+    fig.tight_layout()
+    fig.savefig(os.path.join(args.out, "finetune_7b_step.png"), dpi=120)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ft.add_model_args(ap)
+    ap.add_argument("--system", default="", help="run this one system here")
+    ap.add_argument("--systems", default=",".join(ALL))
+    ap.add_argument("--out", default="finetune_7b_out")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per system")
+    args = ap.parse_args()
+    if args.system:
+        run_one(args)
+    else:
+        drive(args)
+
+
+if __name__ == "__main__":
+    main()
