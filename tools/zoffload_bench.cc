@@ -216,6 +216,11 @@ void PrintNvmeTable(const std::vector<NvmeRecord>& records) {
     std::printf("backend: %s%s, %s\n", records[0].backend.c_str(),
                 records[0].registered ? " (registered buffers and files)" : "",
                 records[0].direct ? "O_DIRECT" : "BUFFERED");
+    if (records[0].in_ram) {
+      std::printf(
+          "WARNING: the files are on tmpfs/ramfs: these figures are memory speed, NOT disk "
+          "speeds\n");
+    }
     if (!records[0].direct) {
       std::printf(
           "WARNING: O_DIRECT was refused: these figures include the page cache and are NOT "
@@ -248,6 +253,7 @@ Status WriteJson(const std::string& path, const std::vector<NvmeRecord>& records
                     {"seconds", r.seconds},
                     {"GBps", r.gbps},
                     {"direct", r.direct},
+                    {"in_ram", r.in_ram},
                     {"backend", r.backend},
                     {"registered", r.registered}});
   }

@@ -1,13 +1,16 @@
 #include "bench/nvme_profile.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <map>
 #include <tuple>
 
@@ -25,16 +28,38 @@ namespace {
 volatile std::sig_atomic_t g_interrupted = 0;
 void OnInterrupt(int) { g_interrupted = 1; }
 
-// Removes the benchmark's temporary files however the run ends.
+// Removes the benchmark's temporary files however the run ends, and frees their space before
+// returning: truncated and synced first (unlink alone leaves the blocks to be freed after the
+// process is gone, and a next run on a nearly full disk would find it full).
 struct TempFiles {
   std::vector<std::string> paths;
   bool keep = false;
   ~TempFiles() {
-    if (!keep) {
-      for (const std::string& p : paths) ::unlink(p.c_str());
+    if (keep) return;
+    for (const std::string& p : paths) {
+      const int fd = ::open(p.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd >= 0) {
+        if (::ftruncate(fd, 0) == 0) ::fsync(fd);
+        ::close(fd);
+      }
+      ::unlink(p.c_str());
+    }
+    for (const std::string& p : paths) {
+      const int dir = ::open(std::filesystem::path(p).parent_path().c_str(),
+                             O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+      if (dir >= 0) {
+        ::fsync(dir);
+        ::close(dir);
+      }
     }
   }
 };
+
+// Whether `dir` is a file system in memory (tmpfs, ramfs), where O_DIRECT may be accepted.
+bool InRam(const std::string& dir) {
+  struct statfs fs {};
+  return ::statfs(dir.c_str(), &fs) == 0 && (fs.f_type == TMPFS_MAGIC || fs.f_type == RAMFS_MAGIC);
+}
 
 // Block j of a pass lives in file j % N at offset (j / N) * block, like the swap space.
 std::vector<IoSegment> Layout(const std::vector<int>& files, uint64_t size, uint64_t block,
@@ -89,6 +114,7 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
     }
   }
   TempFiles temp;
+  bool in_ram = false;
   for (const std::string& dir : o.paths) {
     struct stat st {};
     if (::stat(dir.c_str(), &st) != 0) return StatusFromErrno(errno, StrCat("nvme: --path ", dir));
@@ -114,6 +140,13 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
                            "is what you want"));
     }
     temp.paths.push_back(path);
+    if (InRam(dir)) {
+      in_ram = true;
+      std::fprintf(stderr,
+                   "nvme: WARNING: %s is on tmpfs/ramfs: the figures will be memory speed, not "
+                   "a disk's\n",
+                   dir.c_str());
+    }
   }
   temp.keep = !o.file.empty();
   g_interrupted = 0;
@@ -207,6 +240,7 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
           r.seconds = seconds;
           r.gbps = static_cast<double>(size) / r.seconds / 1e9;
           r.direct = engine->direct(files[0]);
+          r.in_ram = in_ram;
           r.backend = std::string(engine->backend_name());
           r.registered = engine->registration();
           records.push_back(r);

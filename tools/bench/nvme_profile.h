@@ -37,6 +37,7 @@ struct NvmeRecord {
   double seconds = 0;
   double gbps = 0;      ///< 1e9 bytes per second
   bool direct = false;  ///< O_DIRECT was in use (else the page cache was: not a disk speed)
+  bool in_ram = false;  ///< a file is on tmpfs/ramfs: memory speed, not a disk's
   std::string backend;
   bool registered = false;  ///< registered buffers and files
 };
