@@ -180,7 +180,10 @@ def run_deepspeed(args, torch, stage):
 def run_zoffload(args, torch, overlap, state):
     import zoffload.torch
 
-    args.overlap, args.state, args.threads = overlap, state, 0
+    # With overlap the update shares the CPU with the loop that launches the GPU's work: one
+    # core is left to it.
+    args.overlap, args.state = overlap, state
+    args.threads = 0 if overlap == "none" else max(1, (os.cpu_count() or 2) - 1)
     model = ft.build_model(args)
     tokens = ft.make_batch(args)
     opt = zoffload.torch.OffloadOptimizer(model.named_parameters(),
