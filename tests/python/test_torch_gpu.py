@@ -21,7 +21,7 @@ def test_bf16_on_cuda_matches_fp32_master_adamw_and_frees_every_gradient():
     assert opt.engine.on_gpu
     grad_bytes = sum(p.numel() * p.element_size() for p in ours_model.parameters())
     ours_losses, ref_losses = [], []
-    for (tokens,) in data:
+    for i, (tokens,) in enumerate(data):
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         loss = loss_of(ours_model, tokens).float()
@@ -31,7 +31,10 @@ def test_bf16_on_cuda_matches_fp32_master_adamw_and_frees_every_gradient():
         torch.cuda.synchronize()
         after = torch.cuda.memory_allocated()
         assert all(p.grad is None for p in ours_model.parameters()), "a gradient stayed"
-        assert after - before < grad_bytes // 4, f"{after - before} bytes left after backward"
+        # The first backward allocates cuBLAS's workspace (tens of MB) once; after that,
+        # nothing of the gradients may stay.
+        if i > 0:
+            assert after - before < grad_bytes // 4, f"{after - before} bytes left after backward"
         opt.step()
         # The reference: bf16 forward/backward, fp32 masters updated by torch AdamW on the GPU.
         loss = loss_of(ref_model, tokens).float()

@@ -6,10 +6,10 @@
 #             50 steps) with zoffload and with the torch fp32-master reference;
 #   1g, 7b    zoffload-bench engine at 1G params and at a 7B model's size (6.74B params,
 #             291 tensors, backward stand-in of 670 ms), 16 threads;
-#   ft7b      bench/finetune_7b.py: the systems in $SYSTEMS (default: all), 24 GiB cap,
+#   finetune  bench/finetune_7b.py: the systems in $SYSTEMS (default: all), 24 GiB cap,
 #             $LAYERS layers (default 32), JSON, table and plots into OUTDIR/ft7b.
 # Output and JSON into OUTDIR.
-#   tools/gpu/run-gpu-tests.sh tools/gpu/engine-run.sh OUTDIR [memcheck] [python] [1g] [7b] [ft7b]
+#   tools/gpu/run-gpu-tests.sh tools/gpu/engine-run.sh OUTDIR [memcheck] [python] [1g] [7b] [finetune]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?output directory}
@@ -74,7 +74,7 @@ if [[ $parts == *7b* ]]; then
   $bench engine --params 6738415616 --tensors 291 --grad-ms 670 --threads 16 \
     --json "$out/engine_7b.json" 2>&1 | tail -14
 fi
-if [[ $parts == *ft7b* ]]; then
+if [[ $parts == *finetune* ]]; then
   echo "== bench/finetune_7b.py (${SYSTEMS:-all systems}, ${LAYERS:-32} layers)"
   PYTHONPATH=$PWD/build-gpu/python:$PWD/.whl/site python3 bench/finetune_7b.py \
     ${SYSTEMS:+--systems "$SYSTEMS"} --layers "${LAYERS:-32}" --steps "${STEPS:-6}" \
