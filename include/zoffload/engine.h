@@ -159,6 +159,17 @@ class OffloadEngine {
   /// Sets the optimizer step count (Adam's bias correction continues from it).
   Status SetSteps(int64_t steps);
 
+  /// Writes a checkpoint into directory `dir` (created; an existing one is replaced
+  /// atomically): every parameter's master and moments, the step count, the fp16 loss scale
+  /// and the groups (docs/checkpoints.md). Between steps only. One parameter's state is in
+  /// memory at a time, whatever the state's home.
+  Status Save(const std::string& dir);
+  /// Restores a checkpoint that Save wrote for the same parameters (names, sizes, dtypes) and
+  /// state precision; the state's home (host, NVMe, ratio) may differ. Every checksum is
+  /// verified before anything changes; the model's parameters get the masters (call
+  /// WaitParameters before the next forward). The run then continues bit-identically.
+  Status Load(const std::string& dir);
+
   bool on_gpu() const;
   int64_t steps() const;  ///< optimizer steps taken (skipped ones not counted)
   uint64_t total_elements() const;

@@ -304,6 +304,18 @@ class Engine {
     Check(e.Flush(reinterpret_cast<void*>(stream)));
   }
 
+  void Save(const std::string& dir) {
+    OffloadEngine& e = Live();
+    nb::gil_scoped_release release;
+    Check(e.Save(dir));
+  }
+
+  void Load(const std::string& dir) {
+    OffloadEngine& e = Live();
+    nb::gil_scoped_release release;
+    Check(e.Load(dir));
+  }
+
   void SetGroup(int index, const nb::dict& group) {
     OffloadEngine& e = Live();
     if (index < 0 || index >= e.group_count()) {
@@ -449,6 +461,12 @@ void DefineModule(nb::module_& m) {
            "Overlap \"delayed\": waits for the update still running and sends its values to "
            "the model after the work on `stream`, so the parameters are the last step's. A "
            "no-op in the other modes.")
+      .def("save", &Engine::Save, nb::arg("dir"),
+           "Writes a checkpoint into directory `dir`, atomically (masters, moments, step "
+           "count, loss scale, groups; CRC32C per parameter). Between steps.")
+      .def("load", &Engine::Load, nb::arg("dir"),
+           "Restores a checkpoint written by save for the same parameters; checksums are "
+           "verified before anything changes. Call wait_parameters before the next forward.")
       .def("set_group", &Engine::SetGroup, nb::arg("index"), nb::arg("group"),
            "Changes a group's lr, betas, eps or weight_decay from the next step on.")
       .def("group", &Engine::Group, nb::arg("index"), "A group's hyperparameters.")

@@ -273,6 +273,25 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._engine.steps = int(state_dict["steps"])
         self._engine.wait_parameters(self._stream())
 
+    def save(self, directory: str) -> None:
+        """The engine's checkpoint into ``directory`` (written atomically: a crash leaves the
+        old checkpoint or the new one): every parameter's fp32 master and moments, the step
+        count, the fp16 loss scale and the groups' hyperparameters. Between steps. The model's
+        own weights and an LR scheduler's state are the caller's to save."""
+        self.flush()
+        self._engine.save(directory)
+
+    def load(self, directory: str) -> None:
+        """Restores ``save(directory)`` into this optimizer (same parameter names and sizes):
+        the state, the step count, the loss scale and the groups' hyperparameters, and the
+        model's parameters are set to the masters. The run continues bit-identically."""
+        self._engine.load(directory)
+        for i, g in enumerate(self.param_groups):
+            saved = self._engine.group(i)
+            g.update({k: (tuple(saved[k]) if k == "betas" else saved[k]) for k in _GROUP_KEYS})
+            self._sent[i] = self._group_hyper(g)
+        self._engine.wait_parameters(self._stream())
+
     def _ordered_names(self) -> List[str]:
         return [self._names[id(t)] for g in self.param_groups for t in g["params"]]
 

@@ -30,4 +30,35 @@ Status UniqueFd::Close() {
   return Status::Ok();
 }
 
+Status WriteAll(int fd, const void* data, size_t size, const std::string& path) {
+  const auto* p = static_cast<const std::byte*>(data);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(fd, p + done, size - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return StatusFromErrno(errno, StrCat("write ", path));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+Status ReadAll(int fd, void* data, size_t size, const std::string& path) {
+  auto* p = static_cast<std::byte*>(data);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd, p + done, size - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return StatusFromErrno(errno, StrCat("read ", path));
+    }
+    if (n == 0) {
+      return DataLossError(StrCat(path, " ends after ", done, " of ", size, " bytes"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
 }  // namespace zoffload::internal

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 
+#include <cstddef>
 #include <string>
 
 #include "zoffload/status.h"
@@ -45,5 +46,10 @@ class UniqueFd {
  private:
   int fd_ = -1;
 };
+
+/// write(2) until all `size` bytes are written (EINTR retried); the error names `path`.
+Status WriteAll(int fd, const void* data, size_t size, const std::string& path);
+/// read(2) until `size` bytes are read; end of file first is DATA_LOSS naming `path`.
+Status ReadAll(int fd, void* data, size_t size, const std::string& path);
 
 }  // namespace zoffload::internal

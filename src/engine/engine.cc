@@ -14,6 +14,7 @@
 #include "build_info.h"
 #include "common/aligned_buffer.h"
 #include "common/strings.h"
+#include "engine/checkpoint.h"
 #include "engine/loss_scaler.h"
 #include "tiers/optimizer_state.h"
 #include "tiers/runtime_context.h"
@@ -866,6 +867,101 @@ Status OffloadEngine::SetSteps(int64_t steps) {
   if (steps < 0) return InvalidArgumentError(StrCat("SetSteps: ", steps, " < 0"));
   ZO_RETURN_IF_ERROR(impl_->Collect(nullptr).WithContext("SetSteps"));
   impl_->steps = steps;
+  return Status::Ok();
+}
+
+Status OffloadEngine::Save(const std::string& dir) {
+  Impl& e = *impl_;
+  if (e.grads_in_window > 0) {
+    return FailedPreconditionError(StrCat("Save: ", e.grads_in_window,
+                                          " gradients of the coming step are in; save between "
+                                          "Step and the next step's first gradient"));
+  }
+  ZO_RETURN_IF_ERROR(e.Collect(nullptr).WithContext("Save"));
+  const StatePrecision precision = e.config.zoffload.optimizer_state;
+  internal::CheckpointMeta meta;
+  meta.steps = e.steps;
+  const internal::LossScaler::State scaler = e.scaler.state();
+  meta.loss_scale = scaler.scale;
+  meta.overflows = scaler.overflows;
+  meta.good_steps = scaler.good_steps;
+  meta.precision = std::string(ToString(precision));
+  meta.fingerprint = StrCat(std::hash<std::string>{}(SerializeConfig(e.config)));
+  meta.groups = e.groups;
+  for (const Impl::Param& p : e.params) {
+    meta.entries.push_back({p.name, p.n, p.dtype, p.group, AdamMomentBytes(precision, p.n), 0, 0});
+  }
+  return internal::WriteCheckpoint(dir, std::move(meta),
+                                   [&e](size_t i, float* master, std::byte* m, std::byte* v) {
+                                     return e.state->Read(i, master, m, v);
+                                   });
+}
+
+Status OffloadEngine::Load(const std::string& dir) {
+  Impl& e = *impl_;
+  if (e.grads_in_window > 0) {
+    return FailedPreconditionError(StrCat("Load: ", e.grads_in_window,
+                                          " gradients of the coming step are in; load between "
+                                          "steps"));
+  }
+  std::string from;
+  ZO_ASSIGN_OR_RETURN(internal::CheckpointMeta meta, internal::ReadCheckpointMeta(dir, &from));
+  const std::string precision(ToString(e.config.zoffload.optimizer_state));
+  if (meta.precision != precision) {
+    return FailedPreconditionError(StrCat("Load ", from, ": the checkpoint holds ", meta.precision,
+                                          " optimizer state; this engine's is ", precision,
+                                          " (zoffload.optimizer_state)"));
+  }
+  if (meta.groups.size() != e.groups.size()) {
+    return FailedPreconditionError(StrCat("Load ", from, ": ", meta.groups.size(),
+                                          " parameter groups saved, ", e.groups.size(), " here"));
+  }
+  std::vector<std::string> problems;
+  std::vector<const internal::CheckpointEntry*> saved(e.params.size(), nullptr);
+  for (const internal::CheckpointEntry& c : meta.entries) {
+    auto it = e.index.find(c.name);
+    if (it == e.index.end()) {
+      problems.push_back(StrCat("'", c.name, "' is saved but not registered here"));
+      continue;
+    }
+    const Impl::Param& p = e.params[it->second];
+    if (c.elements != p.n || c.dtype != p.dtype ||
+        c.moment_bytes != AdamMomentBytes(e.config.zoffload.optimizer_state, p.n)) {
+      problems.push_back(StrCat("'", c.name, "' is saved with ", c.elements, " ", ToString(c.dtype),
+                                " elements, registered with ", p.n, " ", ToString(p.dtype)));
+    }
+    saved[it->second] = &c;
+  }
+  for (size_t i = 0; i < e.params.size(); ++i) {
+    if (saved[i] == nullptr) problems.push_back(StrCat("'", e.params[i].name, "' is not saved"));
+  }
+  if (!problems.empty()) {
+    std::string list;
+    for (size_t k = 0; k < std::min<size_t>(problems.size(), 5); ++k) {
+      list += StrCat(k ? "; " : "", problems[k]);
+    }
+    return FailedPreconditionError(
+        StrCat("Load ", from, ": the checkpoint's parameters differ ", "from the registered ones (",
+               problems.size(), " problems): ", list, problems.size() > 5 ? "; ..." : ""));
+  }
+  uint64_t largest = 0;
+  for (const auto* c : saved) largest = std::max(largest, c->bytes());
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer buffer, AlignedBuffer::Allocate(largest, 64));
+  auto read = [&](const internal::CheckpointEntry& c) {
+    auto* m = buffer.data() + 4 * c.elements;
+    return internal::ReadCheckpointEntry(from, c, buffer.as<float>(), m, m + c.moment_bytes);
+  };
+  // Every checksum first: a damaged checkpoint changes nothing.
+  for (const auto* c : saved) ZO_RETURN_IF_ERROR(read(*c));
+  for (size_t i = 0; i < e.params.size(); ++i) {
+    const internal::CheckpointEntry& c = *saved[i];
+    ZO_RETURN_IF_ERROR(read(c));
+    auto* m = buffer.data() + 4 * c.elements;
+    ZO_RETURN_IF_ERROR(LoadState(c.name, buffer.as<float>(), m, m + c.moment_bytes));
+  }
+  e.groups = meta.groups;
+  e.steps = meta.steps;
+  e.scaler.Restore({meta.loss_scale, meta.overflows, meta.good_steps});
   return Status::Ok();
 }
 

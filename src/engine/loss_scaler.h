@@ -23,6 +23,19 @@ class LossScaler {
   /// Records a step's outcome and moves the scale accordingly.
   void Update(bool overflow);
 
+  /// What a checkpoint keeps: the scale and both counts.
+  struct State {
+    float scale = 1;
+    int overflows = 0;
+    int good_steps = 0;
+  };
+  State state() const { return {scale_, overflows_, good_steps_}; }
+  void Restore(const State& s) {
+    scale_ = s.scale;
+    overflows_ = s.overflows;
+    good_steps_ = s.good_steps;
+  }
+
  private:
   bool dynamic_;
   float scale_;

@@ -92,26 +92,13 @@ Status DiskFull(const std::string& dir, uint64_t needed) {
                 ENOSPC);
 }
 
-Status WriteAll(int fd, const std::string& data, const std::string& path) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return StatusFromErrno(errno, StrCat("write ", path));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
-
 // Replaces `path` atomically with `data`: temp file, rename; with `sync`, the file is fsynced
 // before the rename and the directory after it.
 Status ReplaceFileAtomically(const std::string& path, const std::string& data, bool sync) {
   const std::string tmp = path + ".tmp";
   {
     ZO_ASSIGN_OR_RETURN(UniqueFd fd, UniqueFd::Open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644));
-    Status s = WriteAll(fd.get(), data, tmp);
+    Status s = WriteAll(fd.get(), data.data(), data.size(), tmp);
     if (s.ok() && sync && ::fsync(fd.get()) != 0) {
       s = StatusFromErrno(errno, StrCat("fsync ", tmp));
     }

@@ -2,7 +2,9 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -882,6 +884,140 @@ TEST(EngineOverlap, BackwardRefusesLateGroupChangesAndReportsInfGradients) {
   EXPECT_NE(stats.status().message().find(Name(2)), std::string::npos) << stats.status();
   EXPECT_EQ(model.params[2], before);
   EXPECT_NE(model.params[0], Model(3).params[0]);  // the others were updated
+}
+
+// ---- checkpoints ----------------------------------------------------------------------
+
+// Steps [first, last] of the schedule in host mode, `accumulation` micro-batches each.
+void RunSteps(OffloadEngine& engine, int first, int last, int accumulation) {
+  for (int step = first; step <= last; ++step) {
+    for (int g = 0; g < 2; ++g) {
+      ParamGroup group = Groups()[g];
+      group.lr = LrAt(step);
+      ASSERT_TRUE(engine.SetGroup(g, group).ok());
+    }
+    for (int micro = 0; micro < accumulation; ++micro) {
+      const auto grads = Grads(1000 * step + micro);
+      for (size_t i = kSizes.size(); i-- > 0;) {
+        ASSERT_TRUE(engine.GradientReady(Name(i), grads[i].data(), kSizes[i], DType::kBf16).ok());
+      }
+    }
+    auto stats = engine.Step();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+  }
+}
+
+// Every parameter's master, m and v.
+std::vector<std::vector<std::byte>> AllState(OffloadEngine& engine, StatePrecision precision) {
+  std::vector<std::vector<std::byte>> out;
+  for (size_t i = 0; i < kSizes.size(); ++i) {
+    const uint64_t mb = AdamMomentBytes(precision, kSizes[i]);
+    std::vector<std::byte> all(4 * kSizes[i] + 2 * mb);
+    EXPECT_TRUE(engine
+                    .ReadState(Name(i), reinterpret_cast<float*>(all.data()),
+                               all.data() + 4 * kSizes[i], all.data() + 4 * kSizes[i] + mb)
+                    .ok());
+    out.push_back(std::move(all));
+  }
+  return out;
+}
+
+std::unique_ptr<OffloadEngine> HostEngine(const Case& c, const std::string& dir, Model& model) {
+  EngineOptions eo;
+  eo.host_params = true;
+  eo.groups = Groups();
+  eo.chunk_elements = kChunk;
+  auto engine = OffloadEngine::Create(MakeConfig(c, dir), model.Specs(), eo);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return engine.ok() ? std::move(*engine) : nullptr;
+}
+
+// 20 steps straight equal 10 steps, Save, an engine over other parameter values (and another
+// state home), Load, 10 more: masters, moments and the model's parameters, bit for bit.
+TEST(EngineCheckpoint, SaveThenLoadResumesBitIdentically) {
+  for (StatePrecision precision :
+       {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+    for (int accumulation : {1, 2}) {
+      SCOPED_TRACE(StrCat(ToString(precision), ", accumulation ", accumulation));
+      TempDir swap_a, swap_b, swap_c, ckpt;
+      const Case host{accumulation, true, precision, "host"};
+      const Case nvme{accumulation, true, precision, "nvme50"};
+      Model straight_model(11), first_model(11), second_model(12);
+      auto straight = HostEngine(host, swap_a.path(), straight_model);
+      auto first = HostEngine(nvme, swap_b.path(), first_model);
+      ASSERT_TRUE(straight && first);
+      RunSteps(*straight, 1, 20, accumulation);
+      RunSteps(*first, 1, 10, accumulation);
+      const std::string dir = ckpt.path() + "/step10";
+      ASSERT_TRUE(first->Save(dir).ok());
+      ASSERT_TRUE(first->Save(dir).ok());  // replacing one works too
+      first.reset();
+      auto second = HostEngine(host, swap_c.path(), second_model);
+      ASSERT_TRUE(second);
+      const Status loaded = second->Load(dir);
+      ASSERT_TRUE(loaded.ok()) << loaded;
+      EXPECT_EQ(second->steps(), 10);
+      RunSteps(*second, 11, 20, accumulation);
+      EXPECT_EQ(AllState(*second, precision), AllState(*straight, precision));
+      EXPECT_EQ(second_model.params, straight_model.params);
+    }
+  }
+}
+
+// A damaged or mismatched checkpoint is an error naming the file or the parameter, and the
+// engine is as before; a save cut between its renames is found in DIR.prev.
+TEST(EngineCheckpoint, BadCheckpointsAreClearErrorsAndChangeNothing) {
+  TempDir swap, other_swap, ckpt;
+  const Case c{1, false, StatePrecision::kFp32, "host"};
+  Model model(13);
+  auto engine = HostEngine(c, swap.path(), model);
+  ASSERT_TRUE(engine);
+  RunSteps(*engine, 1, 3, 1);
+  const std::string dir = ckpt.path() + "/ckpt";
+  ASSERT_TRUE(engine->Save(dir).ok());
+  RunSteps(*engine, 4, 5, 1);
+  const auto before = AllState(*engine, StatePrecision::kFp32);
+  const auto params_before = model.params;
+
+  EXPECT_EQ(engine->Load(ckpt.path() + "/absent").code(), StatusCode::kNotFound);
+  {  // One flipped byte in the last parameter's state.
+    std::fstream f(dir + "/state.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x5a');
+  }
+  Status s = engine->Load(dir);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find(Name(kSizes.size() - 1)), std::string::npos) << s;
+  EXPECT_NE(s.message().find("state.bin"), std::string::npos) << s;
+  EXPECT_EQ(AllState(*engine, StatePrecision::kFp32), before);
+  EXPECT_EQ(model.params, params_before);
+
+  // Other parameters: named.
+  ASSERT_TRUE(engine->Save(dir).ok());
+  std::vector<uint16_t> small(5);
+  EngineOptions eo;
+  eo.host_params = true;
+  eo.groups = Groups();
+  auto other = OffloadEngine::Create(MakeConfig(c, other_swap.path()),
+                                     {{Name(0), small.data(), 5, DType::kBf16, nullptr, 0}}, eo);
+  ASSERT_TRUE(other.ok());
+  s = (*other)->Load(dir);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  const std::string message(s.message());
+  EXPECT_NE(message.find(StrCat("'", Name(0), "' is saved with 1 bf16")), std::string::npos) << s;
+  EXPECT_NE(message.find(StrCat("'", Name(1), "' is saved but not registered")), std::string::npos)
+      << s;
+
+  // Killed between the renames: only DIR.prev is left, and it loads.
+  ASSERT_EQ(::rename(dir.c_str(), (dir + ".prev").c_str()), 0);
+  s = engine->Load(dir);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(AllState(*engine, StatePrecision::kFp32), before);
+
+  // Mid-step: refused.
+  const auto grads = Grads(99);
+  ASSERT_TRUE(engine->GradientReady(Name(0), grads[0].data(), kSizes[0], DType::kBf16).ok());
+  EXPECT_EQ(engine->Save(dir).code(), StatusCode::kFailedPrecondition);
 }
 
 #if ZO_HAVE_CUDA

@@ -1,0 +1,242 @@
+#include "engine/checkpoint.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/aligned_buffer.h"
+#include "common/errno_status.h"
+#include "common/strings.h"
+#include "common/unique_fd.h"
+#include "swap/crc32c.h"
+
+namespace zoffload::internal {
+namespace {
+
+constexpr int kVersion = 1;
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kState = "state.bin";
+
+Status FsyncPath(const std::string& path, int flags) {
+  ZO_ASSIGN_OR_RETURN(UniqueFd fd, UniqueFd::Open(path, flags));
+  if (::fsync(fd.get()) != 0) return StatusFromErrno(errno, StrCat("fsync ", path));
+  return fd.Close();
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+Status RemoveTree(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  if (ec) return StatusFromErrno(ec.value(), StrCat("remove ", path));
+  return Status::Ok();
+}
+
+Result<DType> DTypeNamed(const std::string& name) {
+  for (DType d : {DType::kFp32, DType::kBf16, DType::kFp16}) {
+    if (ToString(d) == name) return d;
+  }
+  return DataLossError(StrCat("unknown dtype '", name, "'"));
+}
+
+}  // namespace
+
+Status WriteCheckpoint(const std::string& dir, CheckpointMeta meta, const ReadEntry& read) {
+  if (dir.empty()) return InvalidArgumentError("checkpoint: no directory given");
+  const std::string target = NormalDirectory(dir);
+  const std::string parent = std::filesystem::path(target).parent_path().string();
+  if (!parent.empty() && !Exists(parent)) {
+    return NotFoundError(
+        StrCat("checkpoint: the directory ", parent, " (of ", dir, ") does not exist"));
+  }
+  const std::string tmp = StrCat(target, ".tmp-", ::getpid());
+  ZO_RETURN_IF_ERROR(RemoveTree(tmp));
+  if (::mkdir(tmp.c_str(), 0755) != 0) return StatusFromErrno(errno, StrCat("mkdir ", tmp));
+  auto fail = [&tmp](Status s) {
+    RemoveTree(tmp).IgnoreError();
+    return s;
+  };
+  // state.bin: entry after entry, one entry's arrays in memory at a time.
+  {
+    const std::string path = StrCat(tmp, "/", kState);
+    auto fd = UniqueFd::Open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (!fd.ok()) return fail(fd.status());
+    uint64_t offset = 0, largest = 0;
+    for (const CheckpointEntry& e : meta.entries) largest = std::max(largest, e.bytes());
+    auto buffer = AlignedBuffer::Allocate(std::max<uint64_t>(largest, 64), 64);
+    if (!buffer.ok()) return fail(buffer.status());
+    for (size_t i = 0; i < meta.entries.size(); ++i) {
+      CheckpointEntry& e = meta.entries[i];
+      auto* master = buffer->as<float>();
+      std::byte* m = buffer->data() + 4 * e.elements;
+      Status s = read(i, master, m, m + e.moment_bytes);
+      if (s.ok()) s = WriteAll(fd->get(), buffer->data(), e.bytes(), path);
+      if (!s.ok()) return fail(s.WithContext(StrCat("checkpoint: saving '", e.name, "'")));
+      e.offset = offset;
+      e.crc = Crc32c(buffer->data(), e.bytes());
+      offset += e.bytes();
+    }
+    if (::fsync(fd->get()) != 0) return fail(StatusFromErrno(errno, StrCat("fsync ", path)));
+    if (Status s = fd->Close(); !s.ok()) return fail(s);
+  }
+  nlohmann::ordered_json j;
+  j["format"] = "zoffload-checkpoint";
+  j["version"] = kVersion;
+  j["steps"] = meta.steps;
+  j["loss_scale"] = {
+      {"scale", meta.loss_scale}, {"overflows", meta.overflows}, {"good_steps", meta.good_steps}};
+  j["optimizer_state"] = meta.precision;
+  j["config_fingerprint"] = meta.fingerprint;
+  for (const ParamGroup& g : meta.groups) {
+    j["groups"].push_back({{"lr", g.lr},
+                           {"betas", {g.beta1, g.beta2}},
+                           {"eps", g.eps},
+                           {"weight_decay", g.weight_decay}});
+  }
+  j["parameters"] = nlohmann::ordered_json::array();
+  for (const CheckpointEntry& e : meta.entries) {
+    j["parameters"].push_back({{"name", e.name},
+                               {"elements", e.elements},
+                               {"dtype", std::string(ToString(e.dtype))},
+                               {"group", e.group},
+                               {"moment_bytes", e.moment_bytes},
+                               {"offset", e.offset},
+                               {"crc32c", e.crc}});
+  }
+  {
+    const std::string path = StrCat(tmp, "/", kManifest);
+    const std::string text = j.dump(1) + "\n";
+    auto fd = UniqueFd::Open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (!fd.ok()) return fail(fd.status());
+    Status s = WriteAll(fd->get(), text.data(), text.size(), path);
+    if (s.ok() && ::fsync(fd->get()) != 0) s = StatusFromErrno(errno, StrCat("fsync ", path));
+    if (s.ok()) s = fd->Close();
+    if (!s.ok()) return fail(s);
+  }
+  if (Status s = FsyncPath(tmp, O_RDONLY | O_DIRECTORY); !s.ok()) return fail(s);
+  // Swap it in: the old checkpoint steps aside as DIR.prev until the new one is in place.
+  const std::string prev = target + ".prev";
+  if (Exists(target)) {
+    ZO_RETURN_IF_ERROR(RemoveTree(prev));
+    if (::rename(target.c_str(), prev.c_str()) != 0) {
+      return fail(StatusFromErrno(errno, StrCat("rename ", target, " to ", prev)));
+    }
+  }
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+    return fail(StatusFromErrno(errno, StrCat("rename ", tmp, " to ", target)));
+  }
+  ZO_RETURN_IF_ERROR(FsyncPath(parent.empty() ? "." : parent, O_RDONLY | O_DIRECTORY));
+  return RemoveTree(prev);
+}
+
+Result<CheckpointMeta> ReadCheckpointMeta(const std::string& dir, std::string* from) {
+  const std::string target = NormalDirectory(dir);
+  std::string source = target;
+  if (!Exists(StrCat(target, "/", kManifest)) && Exists(StrCat(target, ".prev/", kManifest))) {
+    source = target + ".prev";  // a save was cut between its two renames
+  }
+  const std::string path = StrCat(source, "/", kManifest);
+  std::ifstream in(path);
+  if (!in) {
+    return NotFoundError(StrCat("checkpoint: no ", kManifest, " in ", dir,
+                                Exists(dir) ? "" : " (the directory does not exist)"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  auto bad = [&path](const std::string& what) {
+    return DataLossError(StrCat("checkpoint: ", path, ": ", what));
+  };
+  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
+  if (j.value("format", "") != "zoffload-checkpoint") return bad("not a zoffload checkpoint");
+  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"] != kVersion) {
+    return bad(StrCat("format version ", j.contains("version") ? j["version"].dump() : "missing",
+                      "; this build reads version ", kVersion));
+  }
+  CheckpointMeta meta;
+  auto number = [&](const nlohmann::json& o, const char* key, auto* out) -> Status {
+    if (!o.is_object() || !o.contains(key) || !o[key].is_number()) {
+      return bad(StrCat("'", key, "' missing or not a number"));
+    }
+    *out = o[key].get<std::remove_pointer_t<decltype(out)>>();
+    return Status::Ok();
+  };
+  auto string = [&](const nlohmann::json& o, const char* key, std::string* out) -> Status {
+    if (!o.is_object() || !o.contains(key) || !o[key].is_string()) {
+      return bad(StrCat("'", key, "' missing or not a string"));
+    }
+    *out = o[key].get<std::string>();
+    return Status::Ok();
+  };
+  ZO_RETURN_IF_ERROR(number(j, "steps", &meta.steps));
+  if (!j.contains("loss_scale")) return bad("'loss_scale' missing");
+  ZO_RETURN_IF_ERROR(number(j["loss_scale"], "scale", &meta.loss_scale));
+  ZO_RETURN_IF_ERROR(number(j["loss_scale"], "overflows", &meta.overflows));
+  ZO_RETURN_IF_ERROR(number(j["loss_scale"], "good_steps", &meta.good_steps));
+  ZO_RETURN_IF_ERROR(string(j, "optimizer_state", &meta.precision));
+  ZO_RETURN_IF_ERROR(string(j, "config_fingerprint", &meta.fingerprint));
+  if (!j.contains("groups") || !j["groups"].is_array()) return bad("'groups' missing");
+  for (const auto& g : j["groups"]) {
+    ParamGroup group;
+    ZO_RETURN_IF_ERROR(number(g, "lr", &group.lr));
+    ZO_RETURN_IF_ERROR(number(g, "eps", &group.eps));
+    ZO_RETURN_IF_ERROR(number(g, "weight_decay", &group.weight_decay));
+    if (!g.contains("betas") || !g["betas"].is_array() || g["betas"].size() != 2 ||
+        !g["betas"][0].is_number() || !g["betas"][1].is_number()) {
+      return bad("a group's 'betas' is not two numbers");
+    }
+    group.beta1 = g["betas"][0].get<double>();
+    group.beta2 = g["betas"][1].get<double>();
+    meta.groups.push_back(group);
+  }
+  if (!j.contains("parameters") || !j["parameters"].is_array()) return bad("'parameters' missing");
+  for (const auto& p : j["parameters"]) {
+    CheckpointEntry e;
+    std::string dtype;
+    ZO_RETURN_IF_ERROR(string(p, "name", &e.name));
+    ZO_RETURN_IF_ERROR(number(p, "elements", &e.elements));
+    ZO_RETURN_IF_ERROR(string(p, "dtype", &dtype));
+    auto parsed = DTypeNamed(dtype);
+    if (!parsed.ok()) return bad(std::string(parsed.status().message()));
+    e.dtype = *parsed;
+    ZO_RETURN_IF_ERROR(number(p, "group", &e.group));
+    ZO_RETURN_IF_ERROR(number(p, "moment_bytes", &e.moment_bytes));
+    ZO_RETURN_IF_ERROR(number(p, "offset", &e.offset));
+    ZO_RETURN_IF_ERROR(number(p, "crc32c", &e.crc));
+    meta.entries.push_back(std::move(e));
+  }
+  *from = source;
+  return meta;
+}
+
+Status ReadCheckpointEntry(const std::string& from, const CheckpointEntry& e, float* master,
+                           std::byte* m, std::byte* v) {
+  const std::string path = StrCat(from, "/", kState);
+  ZO_ASSIGN_OR_RETURN(UniqueFd fd, UniqueFd::Open(path, O_RDONLY));
+  if (::lseek(fd.get(), static_cast<off_t>(e.offset), SEEK_SET) < 0) {
+    return StatusFromErrno(errno, StrCat("seek ", path));
+  }
+  ZO_RETURN_IF_ERROR(ReadAll(fd.get(), master, 4 * e.elements, path));
+  ZO_RETURN_IF_ERROR(ReadAll(fd.get(), m, e.moment_bytes, path));
+  ZO_RETURN_IF_ERROR(ReadAll(fd.get(), v, e.moment_bytes, path));
+  uint32_t crc = Crc32c(master, 4 * e.elements);
+  crc = Crc32c(m, e.moment_bytes, crc);
+  crc = Crc32c(v, e.moment_bytes, crc);
+  if (crc != e.crc) {
+    return DataLossError(StrCat(
+        "checkpoint: ", path, ": the state of '", e.name, "' (bytes ", e.offset, "..",
+        e.offset + e.bytes(), ") fails its checksum: ", "CRC32C ", crc, ", manifest says ", e.crc));
+  }
+  return Status::Ok();
+}
+
+}  // namespace zoffload::internal
