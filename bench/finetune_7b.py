@@ -43,13 +43,7 @@ def run_fwd_bwd(args, torch):
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda t: setattr(t, "grad", None))
     ft.cap_gpu(args)
-    torch.cuda.reset_peak_memory_stats()
-    meter = ft.Meter(args, "fwd_bwd")
-    for _ in range(args.steps):
-        meter.begin()
-        loss = ft.forward_backward(model, tokens, args.accumulation)
-        meter.end(loss)
-    return meter
+    return ft.measure(args, "fwd_bwd", model, tokens, lambda: None)
 
 
 def run_no_offload(args, torch):
@@ -59,21 +53,18 @@ def run_no_offload(args, torch):
     params = list(model.parameters())
     masters = [p.detach().float() for p in params]
     opt = torch.optim.AdamW(masters, lr=args.lr, weight_decay=0.0, fused=True)
-    torch.cuda.reset_peak_memory_stats()
-    meter = ft.Meter(args, "no_offload")
-    for _ in range(args.steps):
-        meter.begin()
-        loss = ft.forward_backward(model, tokens, args.accumulation)
-        with torch.no_grad():
-            for m, p in zip(masters, params):
-                m.grad = p.grad.float()
-                p.grad = None
-            opt.step()
-            for m, p in zip(masters, params):
-                m.grad = None
-                p.copy_(m)
-        meter.end(loss)
-    return meter
+
+    @torch.no_grad()
+    def step():
+        for m, p in zip(masters, params):
+            m.grad = p.grad.float()
+            p.grad = None
+        opt.step()
+        for m, p in zip(masters, params):
+            m.grad = None
+            p.copy_(m)
+
+    return ft.measure(args, "no_offload", model, tokens, step)
 
 
 def run_manual(args, torch):
@@ -102,21 +93,18 @@ def run_manual(args, torch):
     for i, p in enumerate(params):
         p.register_post_accumulate_grad_hook(hook(i))
     ft.cap_gpu(args)
-    torch.cuda.reset_peak_memory_stats()
-    meter = ft.Meter(args, "manual")
-    for _ in range(args.steps):
-        meter.begin()
-        loss = ft.forward_backward(model, tokens, args.accumulation)
+
+    @torch.no_grad()
+    def step():
         side.synchronize()
-        with torch.no_grad():
-            for m, g, p, o in zip(masters, pinned, params, opts):
-                m.grad = g.float()
-                o.step()
-                m.grad = None
-                g.copy_(m)  # the bf16 copy, pinned, goes up
-                p.copy_(g, non_blocking=True)
-        meter.end(loss)
-    return meter
+        for m, g, p, o in zip(masters, pinned, params, opts):
+            m.grad = g.float()
+            o.step()
+            m.grad = None
+            g.copy_(m)  # the bf16 copy, pinned, goes up
+            p.copy_(g, non_blocking=True)
+
+    return ft.measure(args, "manual", model, tokens, step)
 
 
 def run_torchao(args, torch):
@@ -127,15 +115,12 @@ def run_torchao(args, torch):
     opt = CPUOffloadOptimizer(model.parameters(), torch.optim.AdamW, offload_gradients=True,
                               fused=True, lr=args.lr, weight_decay=0.0)
     ft.cap_gpu(args)
-    torch.cuda.reset_peak_memory_stats()
-    meter = ft.Meter(args, "torchao (bf16 params, no fp32 master)")
-    for _ in range(args.steps):
-        meter.begin()
-        loss = ft.forward_backward(model, tokens, args.accumulation)
+
+    def step():
         opt.step()
         opt.zero_grad()
-        meter.end(loss)
-    return meter
+
+    return ft.measure(args, "torchao (bf16 params, no fp32 master)", model, tokens, step)
 
 
 def run_deepspeed(args, torch, stage):
@@ -177,29 +162,12 @@ def run_deepspeed(args, torch, stage):
     return meter
 
 
-def run_zoffload(args, torch, overlap, state):
-    import zoffload.torch
-
+def run_zoffload(args, overlap, state):
     # With overlap the update shares the CPU with the loop that launches the GPU's work: one
     # core is left to it.
     args.overlap, args.state = overlap, state
     args.threads = 0 if overlap == "none" else max(1, (os.cpu_count() or 2) - 1)
-    model = ft.build_model(args)
-    tokens = ft.make_batch(args)
-    opt = zoffload.torch.OffloadOptimizer(model.named_parameters(),
-                                          config=ft.zoffload_config(args))
-    ft.cap_gpu(args, held_elsewhere=opt.engine.gpu_bytes)
-    torch.cuda.reset_peak_memory_stats()
-    meter = ft.Meter(args, f"zoffload:{overlap}:{state}", extra_gpu=opt.engine.gpu_bytes)
-    for _ in range(args.steps):
-        meter.begin()
-        loss = ft.forward_backward(model, tokens, args.accumulation)
-        opt.step()
-        s = opt.stats()
-        meter.end(loss, adam_seconds=s["adam_seconds"], wait_grads_seconds=s["wait_grads_seconds"])
-    opt.flush()
-    meter.host_bytes = opt.engine.host_bytes
-    return meter
+    return ft.run_zoffload(args)
 
 
 def run_one(args):
@@ -208,7 +176,7 @@ def run_one(args):
     name = args.system
     if name.startswith("zoffload:"):
         _, overlap, state = name.split(":")
-        meter = run_zoffload(args, torch, overlap, state)
+        meter = run_zoffload(args, overlap, state)
     elif name.startswith("deepspeed_z"):
         meter = run_deepspeed(args, torch, int(name[-1]))
     else:

@@ -156,6 +156,38 @@ def zoffload_config(args):
     }
 
 
+def measure(args, name, model, tokens, step, extra_gpu=0):
+    """args.steps steps of forward and backward, then `step()` (the optimizer's part; it may
+    return more figures for the step's row)."""
+    torch.cuda.reset_peak_memory_stats()
+    meter = Meter(args, name, extra_gpu)
+    for _ in range(args.steps):
+        meter.begin()
+        loss = forward_backward(model, tokens, args.accumulation)
+        meter.end(loss, **(step() or {}))
+    return meter
+
+
+def run_zoffload(args):
+    import zoffload.torch
+
+    model = build_model(args)
+    tokens = make_batch(args)
+    opt = zoffload.torch.OffloadOptimizer(model.named_parameters(), config=zoffload_config(args))
+    cap_gpu(args, held_elsewhere=opt.engine.gpu_bytes)
+
+    def step():
+        opt.step()
+        s = opt.stats()
+        return {k: s[k] for k in ("adam_seconds", "wait_grads_seconds", "update_seconds")}
+
+    meter = measure(args, f"zoffload:{args.overlap}:{args.state}", model, tokens, step,
+                    extra_gpu=opt.engine.gpu_bytes)
+    opt.flush()
+    meter.host_bytes = opt.engine.host_bytes
+    return meter
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(ap)
@@ -164,24 +196,8 @@ def main():
                     help="precision of Adam's moments (the masters are fp32 always)")
     ap.add_argument("--threads", type=int, default=0, help="CPU Adam threads (0: physical cores)")
     args = ap.parse_args()
-
-    import zoffload.torch
-
-    model = build_model(args)
-    tokens = make_batch(args)
-    opt = zoffload.torch.OffloadOptimizer(model.named_parameters(), config=zoffload_config(args))
-    cap_gpu(args, held_elsewhere=opt.engine.gpu_bytes)
-    torch.cuda.reset_peak_memory_stats()
-    meter = Meter(args, f"zoffload {args.overlap} {args.state}", extra_gpu=opt.engine.gpu_bytes)
-    for _ in range(args.steps):
-        meter.begin()
-        loss = forward_backward(model, tokens, args.accumulation)
-        opt.step()
-        s = opt.stats()
-        meter.end(loss, adam_seconds=s["adam_seconds"], wait_grads_seconds=s["wait_grads_seconds"],
-                  update_seconds=s["update_seconds"])
-    opt.flush()
-    meter.summary(host_bytes=opt.engine.host_bytes, params=sum(p.numel() for p in model.parameters()))
+    meter = run_zoffload(args)
+    meter.summary(host_bytes=meter.host_bytes)
 
 
 if __name__ == "__main__":
