@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/strings.h"
 #include "test_util.h"
 #include "zoffload/config.h"
 
@@ -141,6 +142,22 @@ TEST(ZoffloadBenchTest, EngineStepsWriteARecord) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
   testing::CommandResult bad = RunBench("engine --tensors 0");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  // The overlap modes: their bound is max(gradients, CPU Adam), and the record says which.
+  for (const char* mode : {"backward", "delayed"}) {
+    const std::string overlapped = out.File(StrCat(mode, ".json"));
+    testing::CommandResult o =
+        RunBench(StrCat("engine --host --params 2M --tensors 5 --steps 2 ",
+                        "--threads 1 --grad-ms 20 --overlap ", mode, " --json ", overlapped));
+    ASSERT_EQ(o.exit_code, 0) << o.output;
+    std::ifstream oin(overlapped);
+    const auto orec = nlohmann::json::parse(oin)[0];
+    EXPECT_EQ(orec["overlap"], mode);
+    EXPECT_DOUBLE_EQ(orec["bound_seconds"].get<double>(),
+                     std::max(orec["grad_alone_seconds"].get<double>(),
+                              orec["adam_alone_seconds"].get<double>()) +
+                         orec["chunk_upload_seconds"].get<double>());
+  }
+  EXPECT_EQ(RunBench("engine --overlap sideways").exit_code, 2);
 }
 
 TEST(ZoffloadBenchTest, ClearErrors) {

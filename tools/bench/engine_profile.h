@@ -20,7 +20,8 @@ namespace zoffload::internal::bench {
 struct EngineBenchOptions {
   uint64_t params = uint64_t{256} << 20;
   int tensors = 64;
-  double grad_ms = 0;  ///< gradient production spread over this long (GPU); 0: as fast as it goes
+  double grad_ms = 0;  ///< gradient production spread over this long; 0: as fast as it goes
+  Overlap overlap = Overlap::kNone;  ///< zoffload.overlap of the engine
   StatePrecision state = StatePrecision::kFp32;
   StateHome state_on = StateHome::kHost;
   std::vector<std::string> paths = {"."};  ///< NVMe state: temporary directories are made here
@@ -35,7 +36,7 @@ struct EngineBenchOptions {
 struct EngineRecord {
   uint64_t params = 0;
   int tensors = 0;
-  std::string mode, state, state_on;
+  std::string mode, state, state_on, overlap;
   int threads = 0;
   double step_seconds = 0;        ///< median: first gradient produced -> parameters on the GPU
   double grads_seconds = 0;       ///< median: until every gradient is in host memory
@@ -47,7 +48,9 @@ struct EngineRecord {
   double adam_alone_gparams = 0;
   double h2d_gbps = 0;  ///< pinned host -> device, measured here
   double chunk_upload_seconds = 0;
-  double bound_seconds = 0;        ///< grad_alone + adam_alone + chunk_upload
+  /// none: grad_alone + adam_alone + chunk_upload; backward: max(grad_alone, adam_alone) +
+  /// chunk_upload; delayed: max(grad_alone, adam_alone)
+  double bound_seconds = 0;
   double ratio = 0;                ///< step_seconds / bound_seconds (target <= 1.10)
   uint64_t host_rss_bytes = 0;     ///< the process's RSS growth from creating the engine on
   uint64_t engine_host_bytes = 0;  ///< what the engine holds by its own count
