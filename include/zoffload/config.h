@@ -197,6 +197,14 @@ Result<Config> LoadConfigFile(const std::string& path, int world_size = 1);
 /// after building a Config in code.
 Status ValidateConfig(Config& config, int world_size = 1);
 
+/// The aio section's problems, one "aio.KEY: what is wrong" line each (none when valid):
+/// the one rule set that ValidateConfig and the I/O engine both apply.
+std::vector<std::string> AioProblems(const AioConfig& aio);
+/// Largest aio.block_size: one request's bytes.
+inline constexpr int64_t kMaxAioBlockSize = int64_t{1} << 30;
+/// Fewest offload_optimizer.buffer_count with device nvme (one slot read while one is written).
+inline constexpr int kMinNvmeBuffers = 2;
+
 /// The JSON form of `config` (every key, pretty-printed).
 std::string SerializeConfig(const Config& config);
 

@@ -551,6 +551,7 @@ class RuleChecker {
   void Require(bool ok, std::string_view path, const std::string& message) {
     if (!ok) errors_->push_back(StrCat(path, ": ", message));
   }
+  void Add(const std::string& problem) { errors_->push_back(problem); }
   template <typename T>
   void Positive(T value, std::string_view path) {
     Require(value > 0, path, StrCat("must be > 0, got ", value));
@@ -703,6 +704,10 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
                 "zero_optimization.offload_optimizer.nvme_path",
                 "device is \"nvme\" but no nvme_path (nor zoffload.nvme_paths) is given");
   check.Positive(oo.buffer_count, "zero_optimization.offload_optimizer.buffer_count");
+  check.Require(oo.device != OffloadDevice::kNvme || oo.buffer_count >= kMinNvmeBuffers,
+                "zero_optimization.offload_optimizer.buffer_count",
+                StrCat("device \"nvme\" streams the state through at least ", kMinNvmeBuffers,
+                       " buffers (one read while one is written), got ", oo.buffer_count));
   check.Require(oo.ratio > 0 && oo.ratio <= 1, "zero_optimization.offload_optimizer.ratio",
                 StrCat("must be in (0, 1], got ", oo.ratio));
   check.Require(oo.ratio == 1.0 || oo.device != OffloadDevice::kNone,
@@ -721,14 +726,7 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
   check.Positive(op.buffer_size, "zero_optimization.offload_param.buffer_size");
   check.Positive(op.max_in_cpu, "zero_optimization.offload_param.max_in_cpu");
 
-  const AioConfig& aio = c.aio;
-  check.Require(aio.block_size > 0 && aio.block_size % 4096 == 0, "aio.block_size",
-                StrCat("must be a positive multiple of 4096 bytes, got ", aio.block_size));
-  check.Require(aio.queue_depth >= 1 && aio.queue_depth <= 4096, "aio.queue_depth",
-                StrCat("must be in [1, 4096], got ", aio.queue_depth));
-  check.Require(aio.intra_op_parallelism >= 1 && aio.intra_op_parallelism <= 256,
-                "aio.intra_op_parallelism",
-                StrCat("must be in [1, 256], got ", aio.intra_op_parallelism));
+  for (const std::string& problem : AioProblems(c.aio)) check.Add(problem);
 
   ZoffloadSection& zs = c.zoffload;
   check.Require(zs.cpu_adam_threads >= 0 && zs.cpu_adam_threads <= 4096,
@@ -774,6 +772,21 @@ std::string_view ToString(OffloadDevice device) { return EnumName(device); }
 std::string_view ToString(OptimizerType type) { return EnumName(type); }
 std::string_view ToString(StatePrecision precision) { return EnumName(precision); }
 std::string_view ToString(Overlap overlap) { return EnumName(overlap); }
+
+std::vector<std::string> AioProblems(const AioConfig& aio) {
+  std::vector<std::string> problems;
+  RuleChecker check(&problems);
+  check.Require(
+      aio.block_size > 0 && aio.block_size % 4096 == 0 && aio.block_size <= kMaxAioBlockSize,
+      "aio.block_size",
+      StrCat("must be a positive multiple of 4096 bytes up to 1 GiB, got ", aio.block_size));
+  check.Require(aio.queue_depth >= 1 && aio.queue_depth <= 4096, "aio.queue_depth",
+                StrCat("must be in [1, 4096], got ", aio.queue_depth));
+  check.Require(aio.intra_op_parallelism >= 1 && aio.intra_op_parallelism <= 256,
+                "aio.intra_op_parallelism",
+                StrCat("must be in [1, 256], got ", aio.intra_op_parallelism));
+  return problems;
+}
 
 Status ValidateConfig(Config& config, int world_size) {
   std::vector<std::string> errors;

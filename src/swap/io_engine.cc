@@ -336,17 +336,10 @@ IoEngine::~IoEngine() {
 
 Result<std::unique_ptr<IoEngine>> IoEngine::Create(IoEngineOptions options) {
   const AioConfig& aio = options.aio;
-  if (aio.block_size <= 0 || aio.block_size % 4096 != 0 || aio.block_size > (int64_t{1} << 30)) {
-    return InvalidArgumentError(
-        StrCat("aio.block_size must be a multiple of 4096 up to 1 GiB, got ", aio.block_size));
-  }
-  if (aio.queue_depth < 1 || aio.queue_depth > 4096) {
-    return InvalidArgumentError(
-        StrCat("aio.queue_depth must be in [1, 4096], got ", aio.queue_depth));
-  }
-  if (aio.intra_op_parallelism < 1 || aio.intra_op_parallelism > 256) {
-    return InvalidArgumentError(
-        StrCat("aio.intra_op_parallelism must be in [1, 256], got ", aio.intra_op_parallelism));
+  if (const std::vector<std::string> problems = AioProblems(aio); !problems.empty()) {
+    std::string all;
+    for (const std::string& p : problems) all += StrCat(all.empty() ? "" : "; ", p);
+    return InvalidArgumentError(all);
   }
   auto impl = std::make_unique<Impl>();
   impl->options = std::move(options);

@@ -121,11 +121,10 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
     return InvalidArgumentError(StrCat("optimizer state: chunk_elements ", chunk,
                                        " is not a multiple of ", kInt8StateBlock));
   }
-  if (options.home == StateHome::kNvme && po.buffers < 2) {
+  if (options.home == StateHome::kNvme && po.buffers < kMinNvmeBuffers) {
     return InvalidArgumentError(
-        StrCat("optimizer state: the NVMe pipeline needs at least 2 buffers "
-               "(zero_optimization.offload_optimizer.buffer_count), got ",
-               po.buffers));
+        StrCat("optimizer state: the NVMe pipeline needs at least ", kMinNvmeBuffers,
+               " buffers (zero_optimization.offload_optimizer.buffer_count), got ", po.buffers));
   }
   const bool nvme = options.home == StateHome::kNvme;
   if (nvme && !(options.offload_ratio > 0 && options.offload_ratio <= 1)) {

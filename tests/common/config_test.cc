@@ -333,6 +333,11 @@ TEST(ConfigTest, ImpossibleValuesAndCombinations) {
        "zero_optimization.stage3_max_reuse_distance: must be >= 0, got -1"},
       {R"({"aio": {"block_size": 0}})", "aio.block_size: must be a positive multiple of 4096"},
       {R"({"aio": {"block_size": 1000}})", "aio.block_size: must be a positive multiple of 4096"},
+      {R"({"aio": {"block_size": 1099511627776}})",
+       "aio.block_size: must be a positive multiple of 4096 bytes up to 1 GiB"},
+      {R"({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme", "nvme_path": "/tmp", "buffer_count": 1}}})",
+       "zero_optimization.offload_optimizer.buffer_count: device \"nvme\" streams the state "
+       "through at least 2 buffers"},
       {R"({"aio": {"queue_depth": 5000}})", "aio.queue_depth: must be in [1, 4096], got 5000"},
       {R"({"aio": {"intra_op_parallelism": 0}})", "aio.intra_op_parallelism: must be in [1, 256]"},
       {R"({"optimizer": {"params": {"lr": -1}}})", "optimizer.params.lr: must be >= 0, got -1"},

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "common/aligned_buffer.h"
 #include "swap/fault_backend.h"
@@ -228,6 +229,30 @@ TEST_P(IoEngineTest, RejectsUnalignedOffsetsAndUnknownFiles) {
       engine->Submit(IoOp::kWrite, {{*file, 0, big->data(), 1 << 20, &crc}}, "t").Wait().code(),
       StatusCode::kInvalidArgument);
   EXPECT_TRUE(engine->Submit(IoOp::kRead, {}, "empty").Wait().ok());
+}
+
+// The I/O engine refuses exactly what the config refuses (one rule set: AioProblems), with
+// the same words.
+TEST(IoEngineSettings, RefusesWhatTheConfigRefuses) {
+  const std::vector<std::string> bad = {
+      R"({"aio": {"block_size": 1099511627776}})", R"({"aio": {"block_size": 1000}})",
+      R"({"aio": {"queue_depth": 0}})", R"({"aio": {"intra_op_parallelism": 257}})"};
+  for (const std::string& json : bad) {
+    SCOPED_TRACE(json);
+    auto parsed = nlohmann::json::parse(json)["aio"];
+    IoEngineOptions o;
+    if (parsed.contains("block_size")) o.aio.block_size = parsed["block_size"].get<int64_t>();
+    if (parsed.contains("queue_depth")) o.aio.queue_depth = parsed["queue_depth"].get<int>();
+    if (parsed.contains("intra_op_parallelism")) {
+      o.aio.intra_op_parallelism = parsed["intra_op_parallelism"].get<int>();
+    }
+    auto engine = IoEngine::Create(o);
+    auto config = ParseConfig(json);
+    ASSERT_FALSE(engine.ok());
+    ASSERT_FALSE(config.ok());
+    EXPECT_NE(config.status().message().find(engine.status().message()), std::string::npos)
+        << config.status() << " vs " << engine.status();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, IoEngineTest,
