@@ -184,6 +184,9 @@ struct Config {
 struct ParseOptions {
   int world_size = 1;             ///< ranks that share the batch; >= 1
   std::string source = "config";  ///< prefixed to error messages (a file name)
+  /// When set, receives the keys of UnusedConfigKeys() that the config sets (each is also
+  /// logged once per process as a warning).
+  std::vector<std::string>* unused_keys = nullptr;
 };
 
 /// Parses and validates JSON text. On error the Status message lists every problem found,
@@ -210,5 +213,9 @@ std::string SerializeConfig(const Config& config);
 
 /// Every JSON key path the parser accepts ("aio.block_size", ...), aliases excluded.
 std::vector<std::string> AcceptedConfigKeys();
+
+/// The accepted keys that zoffload reads nowhere yet (kept so that DeepSpeed configs parse;
+/// docs/config.md marks them "unused"): setting one has no effect, and a warning says so.
+std::vector<std::string> UnusedConfigKeys();
 
 }  // namespace zoffload

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errno_status.h"
+#include "common/log.h"
 #include "common/strings.h"
 
 namespace zoffload {
@@ -816,6 +817,22 @@ Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& optio
   RuleChecker check(&errors);
   CheckRules(config, options.world_size, check);
   ZO_RETURN_IF_ERROR(ErrorsToStatus(errors, options.source));
+  for (const std::string& key : UnusedConfigKeys()) {
+    const Json* node = &root;
+    for (std::string_view rest = key; node != nullptr && !rest.empty();) {
+      const size_t dot = rest.find('.');
+      const std::string part(rest.substr(0, dot));
+      rest = dot == std::string_view::npos ? std::string_view() : rest.substr(dot + 1);
+      node = node->is_object() && node->contains(part) ? &(*node)[part] : nullptr;
+    }
+    if (node == nullptr) continue;
+    if (options.unused_keys != nullptr) options.unused_keys->push_back(key);
+    internal::LogOnce(
+        internal::LogLevel::kWarning, StrCat("unused config key ", key),
+        StrCat(options.source, ": ", key,
+               " is accepted for DeepSpeed compatibility but zoffload does not use it yet: "
+               "it has no effect"));
+  }
   return config;
 }
 
@@ -847,6 +864,20 @@ std::string SerializeConfig(const Config& config) {
   Writer writer(&out);
   VisitStruct(writer, copy);
   return out.dump(2) + "\n";
+}
+
+std::vector<std::string> UnusedConfigKeys() {
+  return {"wall_clock_breakdown",
+          "zero_optimization.contiguous_gradients",
+          "zero_optimization.overlap_comm",
+          "zero_optimization.allgather_bucket_size",
+          "zero_optimization.offload_param.buffer_count",
+          "zero_optimization.offload_param.buffer_size",
+          "zero_optimization.offload_param.max_in_cpu",
+          "zero_optimization.stage3_prefetch_bucket_size",
+          "zero_optimization.stage3_param_persistence_threshold",
+          "zero_optimization.stage3_max_live_parameters",
+          "zero_optimization.stage3_max_reuse_distance"};
 }
 
 std::vector<std::string> AcceptedConfigKeys() {
