@@ -29,6 +29,7 @@
 #include "common/topology.h"
 #include "common/unique_fd.h"
 #include "swap/crc32c.h"
+#include "swap/swap_manifest.h"
 
 namespace zoffload::internal {
 namespace {
@@ -37,7 +38,6 @@ using Json = nlohmann::json;
 
 constexpr const char* kManifestName = "zoffload-swap.json";
 constexpr const char* kFileSuffix = ".zoswap";
-constexpr int kManifestVersion = 1;
 
 using TensorState = SwapSpace::TensorInfo::State;
 
@@ -194,7 +194,7 @@ Status SwapSpace::Impl::PersistManifest() {
                          {"crc32c", t->crc}};
   }
   const Json j = {{"format", "zoffload-swap"},
-                  {"version", kManifestVersion},
+                  {"version", kSwapManifestVersion},
                   {"block_size", block},
                   {"paths", options.paths},
                   {"checksums", options.checksums},
@@ -346,36 +346,32 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
   }
   std::stringstream text;
   text << in.rdbuf();
-  const Json j = Json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   const std::string& mpath = impl->manifest_path;
-  if (j.is_discarded() || !j.is_object() || j.value("format", "") != "zoffload-swap") {
-    return DataLossError(StrCat(mpath, " is not a readable zoffload swap manifest"));
+  ZO_ASSIGN_OR_RETURN(const SwapManifest m, ParseSwapManifest(text.str(), mpath));
+  if (m.version != kSwapManifestVersion) {
+    return InvalidArgumentError(StrCat(mpath, " has manifest version ", m.version,
+                                       "; this build reads version ", kSwapManifestVersion));
   }
-  if (j.value("version", 0) != kManifestVersion) {
-    return InvalidArgumentError(StrCat(mpath, " has manifest version ", j.value("version", 0),
-                                       "; this build reads version ", kManifestVersion));
-  }
-  const auto paths = j.value("paths", std::vector<std::string>{});
-  if (paths != impl->options.paths) {
+  if (m.paths != impl->options.paths) {
     return InvalidArgumentError(StrCat("swap space at ", impl->options.paths[0],
-                                       " was created over ", Json(paths).dump(),
+                                       " was created over ", Json(m.paths).dump(),
                                        "; it must be reopened with the same directories"));
   }
-  if (j.value("block_size", uint64_t{0}) != impl->block) {
+  if (m.block_size != impl->block) {
     return InvalidArgumentError(
         StrCat("swap space at ", impl->options.paths[0], " was created with aio.block_size ",
-               j.value("block_size", uint64_t{0}), "; reopen it with the same block size (got ",
-               impl->block, ")"));
+               m.block_size, "; reopen it with the same block size (got ", impl->block, ")"));
   }
-  impl->generation = j.value("generation", uint64_t{0});
+  impl->generation = m.generation;
   std::vector<std::string> torn;
-  for (const auto& [key, tj] : j["tensors"].items()) {
+  for (const SwapManifest::Tensor& mt : m.tensors) {
+    const std::string& key = mt.key;
     auto t = std::make_unique<TensorEntry>();
-    t->bytes = tj.value("bytes", uint64_t{0});
+    t->bytes = mt.bytes;
     t->stem = EscapeKey(key);
-    t->crc = tj.value("crc32c", std::vector<uint32_t>{});
-    t->generation = tj.value("generation", uint64_t{0});
-    const std::string state = tj.value("state", "");
+    t->crc = mt.crc;
+    t->generation = mt.generation;
+    const std::string& state = mt.state;
     if (state == "writing" || state == "interrupted") {
       torn.push_back(key);
       t->state = TensorState::kInterrupted;

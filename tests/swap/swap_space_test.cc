@@ -10,9 +10,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "common/aligned_buffer.h"
 #include "swap/crc32c.h"
@@ -253,6 +256,61 @@ TEST_P(SwapSpaceTest, ReopensAfterRestart) {
   EXPECT_EQ(SwapSpace::Open(Options({a.path()})).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(SwapSpace::Open(Options({a.path(), b.path()}, 2 * kBlock)).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// A manifest edited into wrong types (each case once aborted the process through an uncaught
+// JSON exception) is an error naming the field, and the data files are left as they were.
+TEST_P(SwapSpaceTest, ManifestFieldsOfTheWrongTypeAreErrorsNamingThem) {
+  TempDir dir;
+  const auto data = RandomBytes(2 * kBlock, 3);
+  {
+    auto swap = SwapSpace::Open(Options({dir.path()}));
+    ASSERT_TRUE(swap.ok());
+    ASSERT_TRUE(WriteAll(**swap, "t", data).ok());
+    ASSERT_TRUE((*swap)->Commit().ok());
+  }
+  const std::string manifest = dir.File("zoffload-swap.json");
+  std::string original;
+  {
+    std::ifstream in(manifest);
+    original.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const auto good = nlohmann::json::parse(original);
+  struct Mutation {
+    std::function<void(nlohmann::json&)> apply;
+    std::string field;
+  };
+  const std::vector<Mutation> mutations = {
+      {[](nlohmann::json& j) { j["block_size"] = "4096"; }, "'block_size'"},
+      {[](nlohmann::json& j) { j["version"] = "1"; }, "'version'"},
+      {[](nlohmann::json& j) { j["tensors"] = 5; }, "'tensors'"},
+      {[](nlohmann::json& j) { j.erase("tensors"); }, "'tensors' is missing"},
+      {[](nlohmann::json& j) { j["tensors"]["t"]["crc32c"][0] = "x"; }, "'tensors.t.crc32c'"},
+      {[](nlohmann::json& j) { j["paths"] = "/a"; }, "'paths'"},
+      {[](nlohmann::json& j) { j["tensors"]["t"]["bytes"] = -1; }, "'tensors.t.bytes'"},
+      {[](nlohmann::json& j) { j["tensors"]["t"] = nullptr; }, "'tensors.t'"},
+      {[](nlohmann::json& j) { j["checksums"] = 1; }, "'checksums'"},
+  };
+  for (const Mutation& m : mutations) {
+    nlohmann::json j = good;
+    m.apply(j);
+    SCOPED_TRACE(j.dump());
+    {
+      std::ofstream out(manifest, std::ios::trunc);
+      out << j.dump();
+    }
+    auto swap = SwapSpace::Open(Options({dir.path()}));
+    ASSERT_FALSE(swap.ok());
+    EXPECT_EQ(swap.status().code(), StatusCode::kDataLoss);
+    EXPECT_NE(swap.status().message().find(m.field), std::string::npos) << swap.status();
+  }
+  {
+    std::ofstream out(manifest, std::ios::trunc);
+    out << original;
+  }
+  auto swap = SwapSpace::Open(Options({dir.path()}));
+  ASSERT_TRUE(swap.ok()) << swap.status();
+  EXPECT_EQ(*ReadAll(**swap, "t"), data);  // nothing was truncated or rewritten
 }
 
 TEST_P(SwapSpaceTest, CrashMidWriteLeavesTheTensorInterruptedOnReopen) {
