@@ -23,6 +23,7 @@ packages=(
   liburing-dev libhwloc-dev libboost-dev nlohmann-json3-dev libhwy-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   fio
+  clang  # libFuzzer, for tools/fuzz.sh
 )
 $python && packages+=(python3-dev python3-venv)
 
