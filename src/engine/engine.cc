@@ -176,14 +176,17 @@ struct OffloadEngine::Impl : public ParamSink {
   StepStats job_stats;
 
   ~Impl() override {
-#if ZO_HAVE_CUDA
-    device.reset();  // every host function has run
-#endif
+    // The worker first (it finishes what is queued; an overlap "backward" update uploads
+    // through the device path), then the device path, which waits for every host function
+    // (a late landed piece only goes into the queue).
     if (worker.joinable()) {
       stopping = true;
       queued.release();
       worker.join();
     }
+#if ZO_HAVE_CUDA
+    device.reset();
+#endif
   }
 
   Result<Param*> Find(std::string_view name) {

@@ -1020,6 +1020,27 @@ TEST(EngineCheckpoint, BadCheckpointsAreClearErrorsAndChangeNothing) {
   EXPECT_EQ(engine->Save(dir).code(), StatusCode::kFailedPrecondition);
 }
 
+// An engine dropped mid-step (gradients handed over, an update running on the worker) stops
+// cleanly: the worker finishes what it has, then the memory goes (the sanitizers check).
+TEST(EngineOverlap, DroppingTheEngineMidStepIsClean) {
+  for (const char* overlap : {"backward", "delayed"}) {
+    SCOPED_TRACE(overlap);
+    Model model(21);
+    EngineOptions eo;
+    eo.host_params = true;
+    eo.groups = Groups();
+    eo.chunk_elements = kChunk;
+    auto engine = OffloadEngine::Create(OverlapConfig(1, overlap, 0), model.Specs(), eo);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    RunSteps(**engine, 1, 1, 1);  // delayed: this update is still running
+    const auto grads = Grads(77);
+    for (size_t i = kSizes.size(); i-- > 2;) {
+      ASSERT_TRUE((*engine)->GradientReady(Name(i), grads[i].data(), kSizes[i], DType::kBf16).ok());
+    }
+    engine->reset();
+  }
+}
+
 #if ZO_HAVE_CUDA
 class EngineGpuOverlap : public ::testing::Test {
  protected:
