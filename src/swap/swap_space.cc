@@ -340,6 +340,21 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
 
   std::ifstream in(impl->manifest_path);
   if (!in) {
+    // No manifest: a new space, unless swap files are there (a deleted or lost manifest),
+    // whose data must not be taken for free space.
+    for (const std::string& dir : impl->options.paths) {
+      std::error_code ec;
+      for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        if (entry.path().filename().string().ends_with(kFileSuffix)) {
+          return Status(StatusCode::kDataLoss,
+                        StrCat("swap file ", entry.path().string(), " exists but its manifest ",
+                               impl->manifest_path,
+                               " is missing (deleted or lost): nothing was changed; restore "
+                               "the manifest, or remove the swap files "
+                               "(SwapSpace::Destroy) to start over"));
+        }
+      }
+    }
     std::lock_guard<std::mutex> lock(impl->mu);
     ZO_RETURN_IF_ERROR(impl->PersistManifest());  // also proves the directory is writable
     return std::unique_ptr<SwapSpace>(new SwapSpace(std::move(impl)));
@@ -356,6 +371,12 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
     return InvalidArgumentError(StrCat("swap space at ", impl->options.paths[0],
                                        " was created over ", Json(m.paths).dump(),
                                        "; it must be reopened with the same directories"));
+  }
+  if (!m.checksums && impl->options.checksums) {
+    return InvalidArgumentError(
+        StrCat("swap space at ", impl->options.paths[0],
+               " was written without checksums (its manifest says \"checksums\": false): "
+               "reopen it with checksums off, or start a new space"));
   }
   if (m.block_size != impl->block) {
     return InvalidArgumentError(

@@ -226,11 +226,49 @@ TEST_P(SwapSpaceTest, ChecksumsCanBeSwitchedOff) {
   TempDir dir;
   SwapSpaceOptions o = Options({dir.path()});
   o.checksums = false;
-  auto swap = SwapSpace::Open(o);
-  ASSERT_TRUE(swap.ok());
   const auto data = RandomBytes(kBlock + 3, 8);
-  ASSERT_TRUE(WriteAll(**swap, "x", data).ok());
-  EXPECT_EQ(*ReadAll(**swap, "x"), data);
+  {
+    auto swap = SwapSpace::Open(o);
+    ASSERT_TRUE(swap.ok());
+    ASSERT_TRUE(WriteAll(**swap, "x", data).ok());
+    EXPECT_EQ(*ReadAll(**swap, "x"), data);
+    ASSERT_TRUE((*swap)->Commit().ok());
+  }
+  // Reopened with checksums on, a space written without them is refused (it once reported a
+  // false checksum mismatch against the zeros it stored); with them off it reads.
+  auto checked = SwapSpace::Open(Options({dir.path()}));
+  ASSERT_FALSE(checked.ok());
+  EXPECT_EQ(checked.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(checked.status().message().find("without checksums"), std::string::npos)
+      << checked.status();
+  auto unchecked = SwapSpace::Open(o);
+  ASSERT_TRUE(unchecked.ok()) << unchecked.status();
+  EXPECT_EQ(*ReadAll(**unchecked, "x"), data);
+}
+
+// A deleted manifest once made the next open start a fresh space over the old swap files,
+// truncating them: now it is an error naming the file, and the data stays.
+TEST_P(SwapSpaceTest, SwapFilesWithoutTheirManifestAreAnErrorAndStayIntact) {
+  TempDir dir;
+  const auto data = RandomBytes(3 * kBlock, 9);
+  {
+    auto swap = SwapSpace::Open(Options({dir.path()}));
+    ASSERT_TRUE(swap.ok());
+    ASSERT_TRUE(WriteAll(**swap, "kept", data).ok());
+    ASSERT_TRUE((*swap)->Commit().ok());
+  }
+  const std::string manifest = dir.File("zoffload-swap.json");
+  const std::string saved = manifest + ".saved";
+  ASSERT_EQ(::rename(manifest.c_str(), saved.c_str()), 0);
+  auto swap = SwapSpace::Open(Options({dir.path()}));
+  ASSERT_FALSE(swap.ok());
+  EXPECT_EQ(swap.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(swap.status().message().find(".zoswap"), std::string::npos) << swap.status();
+  EXPECT_NE(swap.status().message().find("missing"), std::string::npos) << swap.status();
+  ASSERT_EQ(::rename(saved.c_str(), manifest.c_str()), 0);
+  auto restored = SwapSpace::Open(Options({dir.path()}));
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(*ReadAll(**restored, "kept"), data);
 }
 
 TEST_P(SwapSpaceTest, ReopensAfterRestart) {
