@@ -18,7 +18,6 @@
 #include <fstream>
 #include <functional>
 #include <limits>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -652,15 +651,14 @@ int EngineMain(const std::vector<std::string>& args, bool short_defaults) {
             return InvalidArgumentError(StrCat(a, ": '", v, "' is not a count such as 500M"));
           }
         } else if (a == "--overlap") {
-          const std::map<std::string, Overlap> modes = {{"none", Overlap::kNone},
-                                                        {"backward", Overlap::kBackward},
-                                                        {"delayed", Overlap::kDelayed}};
-          auto it = modes.find(v);
-          if (it == modes.end()) {
+          bool known = false;
+          for (Overlap mode : {Overlap::kNone, Overlap::kBackward, Overlap::kDelayed}) {
+            if (v == ToString(mode)) o.overlap = mode, known = true;
+          }
+          if (!known) {
             return InvalidArgumentError(
                 StrCat("--overlap: '", v, "' is not none, backward or delayed"));
           }
-          o.overlap = it->second;
         } else if (a == "--grad-ms") {
           char* end = nullptr;
           o.grad_ms = std::strtod(v.c_str(), &end);

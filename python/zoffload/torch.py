@@ -124,7 +124,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._config_json, spec, [self._group_hyper(g) for g in self.param_groups]
         )
         self._sent = [self._group_hyper(g) for g in self.param_groups]
-        self._window_open = False  # a gradient of the coming step has been handed over
         self._closed = False
         self._skipped = 0
         self._hooks = [
@@ -146,9 +145,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             opt = this()
             if grad is None or opt is None:
                 return
-            if not opt._window_open:  # overlap "backward" updates with the groups as they are
-                opt._sync_groups()
-                opt._window_open = True
+            opt._sync_groups()  # overlap "backward" updates with the groups as they are now
             opt._engine.gradient_ready(name, grad.detach(), opt._stream())
             param.grad = None  # the engine has its copy
 
@@ -183,7 +180,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self._sync_groups()
         stats = self._engine.step()
-        self._window_open = False
         if stats["skipped"]:
             self._skipped += 1
         self._engine.wait_parameters(self._stream())

@@ -44,6 +44,12 @@ Status WriteAll(int fd, const void* data, size_t size, const std::string& path) 
   return Status::Ok();
 }
 
+Status FsyncDirectory(const std::string& dir) {
+  ZO_ASSIGN_OR_RETURN(UniqueFd fd, UniqueFd::Open(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY));
+  if (::fsync(fd.get()) != 0) return StatusFromErrno(errno, StrCat("fsync directory ", dir));
+  return fd.Close();
+}
+
 Status ReadAll(int fd, void* data, size_t size, const std::string& path) {
   auto* p = static_cast<std::byte*>(data);
   size_t done = 0;

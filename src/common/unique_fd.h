@@ -49,6 +49,8 @@ class UniqueFd {
 
 /// write(2) until all `size` bytes are written (EINTR retried); the error names `path`.
 Status WriteAll(int fd, const void* data, size_t size, const std::string& path);
+/// fsync(2) of directory `dir` (its entries: files created, renamed or removed in it).
+Status FsyncDirectory(const std::string& dir);
 /// read(2) until `size` bytes are read; end of file first is DATA_LOSS naming `path`.
 Status ReadAll(int fd, void* data, size_t size, const std::string& path);
 

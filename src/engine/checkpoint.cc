@@ -23,12 +23,6 @@ constexpr int kVersion = 1;
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kState = "state.bin";
 
-Status FsyncPath(const std::string& path, int flags) {
-  ZO_ASSIGN_OR_RETURN(UniqueFd fd, UniqueFd::Open(path, flags));
-  if (::fsync(fd.get()) != 0) return StatusFromErrno(errno, StrCat("fsync ", path));
-  return fd.Close();
-}
-
 bool Exists(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0;
@@ -122,7 +116,7 @@ Status WriteCheckpoint(const std::string& dir, CheckpointMeta meta, const ReadEn
     if (s.ok()) s = fd->Close();
     if (!s.ok()) return fail(s);
   }
-  if (Status s = FsyncPath(tmp, O_RDONLY | O_DIRECTORY); !s.ok()) return fail(s);
+  if (Status s = FsyncDirectory(tmp); !s.ok()) return fail(s);
   // Swap it in: the old checkpoint steps aside as DIR.prev until the new one is in place.
   const std::string prev = target + ".prev";
   if (Exists(target)) {
@@ -134,7 +128,7 @@ Status WriteCheckpoint(const std::string& dir, CheckpointMeta meta, const ReadEn
   if (::rename(tmp.c_str(), target.c_str()) != 0) {
     return fail(StatusFromErrno(errno, StrCat("rename ", tmp, " to ", target)));
   }
-  ZO_RETURN_IF_ERROR(FsyncPath(parent.empty() ? "." : parent, O_RDONLY | O_DIRECTORY));
+  ZO_RETURN_IF_ERROR(FsyncDirectory(parent));
   return RemoveTree(prev);
 }
 

@@ -40,6 +40,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The first five of `items` joined by `separator`, then "..." when there are more: for
+// errors that list what is wrong.
+std::string FirstFew(const std::vector<std::string>& items, std::string_view separator) {
+  std::string list;
+  for (size_t k = 0; k < std::min<size_t>(items.size(), 5); ++k) {
+    list += StrCat(k ? separator : "", items[k]);
+  }
+  if (items.size() > 5) list += StrCat(separator, "...");
+  return list;
+}
+
 constexpr const char* kEngineTrack = "engine";
 
 double Since(Clock::time_point start) {
@@ -370,6 +381,19 @@ struct OffloadEngine::Impl : public ParamSink {
     return Status::Ok();
   }
 
+  Status UploadAllPending(void* stream) {
+    for (size_t i = 0; i < params.size(); ++i) ZO_RETURN_IF_ERROR(UploadPending(i, stream));
+    return Status::Ok();
+  }
+
+  // Save and Load run between steps.
+  Status BetweenSteps(std::string_view what) const {
+    if (grads_in_window == 0) return Status::Ok();
+    return FailedPreconditionError(StrCat(what, ": ", grads_in_window,
+                                          " gradients of the coming step are in; call it "
+                                          "between Step and the next step's first gradient"));
+  }
+
   // ParamSink: chunk by chunk into pinned staging and up (GPU), or in place (host).
   Result<void*> Begin(size_t t, uint64_t first, uint64_t) override {
     Param& p = params[t];
@@ -691,12 +715,9 @@ Result<EngineStepStats> OffloadEngine::Step() {
     }
   }
   if (!missing.empty()) {
-    const size_t shown = std::min<size_t>(missing.size(), 5);
-    std::string list;
-    for (size_t k = 0; k < shown; ++k) list += StrCat(k ? ", " : "", missing[k]);
-    return FailedPreconditionError(StrCat(
-        "Step: ", missing.size(), " of ", e.params.size(), " parameters lack gradients: ", list,
-        missing.size() > shown ? ", ..." : "", "; nothing was updated"));
+    return FailedPreconditionError(StrCat("Step: ", missing.size(), " of ", e.params.size(),
+                                          " parameters lack gradients: ", FirstFew(missing, ", "),
+                                          "; nothing was updated"));
   }
   EngineStepStats stats;
   Tracer* tracer = e.rt->tracer();
@@ -711,6 +732,7 @@ Result<EngineStepStats> OffloadEngine::Step() {
   const float scale = e.scaler.scale();
   stats.loss_scale = scale;
   const auto update_start = Clock::now();
+  Status outcome;  // an error found after the state has changed (overlap "backward")
   switch (e.overlap) {
     case Overlap::kNone: {
       const AdamHyper base = e.NextBase();
@@ -744,19 +766,15 @@ Result<EngineStepStats> OffloadEngine::Step() {
       for (const GradSquares& q : e.squares) total += q.sum;
       stats.grad_norm = std::sqrt(total);
       stats.adam_seconds = e.window_stats.adam_seconds;
-      for (Impl::Param& p : e.params) p.received = 0;
-      e.grads_in_window = 0;
       ++e.steps;
       if (!e.nonfinite.empty()) {
-        std::string names;
-        for (size_t k = 0; k < std::min<size_t>(e.nonfinite.size(), 5); ++k) {
-          names += StrCat(k ? ", " : "", "'", e.params[e.nonfinite[k]].name, "'");
-        }
-        return DataLossError(
-            StrCat("Step: the gradients of ", e.nonfinite.size(), " parameters (", names,
-                   ") hold inf/NaN and were not applied; under zoffload.overlap \"backward\" the "
-                   "other parameters were already updated during backward (overlap \"none\" skips "
-                   "the whole step instead)"));
+        std::vector<std::string> names;
+        for (size_t i : e.nonfinite) names.push_back(StrCat("'", e.params[i].name, "'"));
+        outcome = DataLossError(StrCat(
+            "Step: the gradients of ", e.nonfinite.size(), " parameters (", FirstFew(names, ", "),
+            ") hold inf/NaN and were not applied; under zoffload.overlap \"backward\" the "
+            "other parameters were already updated during backward (overlap \"none\" skips "
+            "the whole step instead)"));
       }
       break;
     }
@@ -779,8 +797,7 @@ Result<EngineStepStats> OffloadEngine::Step() {
       if (e.launched <= e.config.zoffload.delayed_warmup_steps) {
         // A warm-up step is exact: its values go up before the next forward.
         ZO_RETURN_IF_ERROR(e.Collect(&stats).WithContext("Step (delayed warm-up)"));
-        for (size_t i = 0; i < e.params.size(); ++i)
-          ZO_RETURN_IF_ERROR(e.UploadPending(i, nullptr));
+        ZO_RETURN_IF_ERROR(e.UploadAllPending(nullptr));
       }
       break;
     }
@@ -802,6 +819,7 @@ Result<EngineStepStats> OffloadEngine::Step() {
 #endif
   stats.seconds = Since(start);
   e.last = stats;
+  ZO_RETURN_IF_ERROR(outcome);
   return stats;
 }
 
@@ -809,8 +827,7 @@ Status OffloadEngine::Flush(void* stream) {
   Impl& e = *impl_;
   if (e.overlap != Overlap::kDelayed) return Status::Ok();
   ZO_RETURN_IF_ERROR(e.Collect(nullptr).WithContext("Flush"));
-  for (size_t i = 0; i < e.params.size(); ++i) ZO_RETURN_IF_ERROR(e.UploadPending(i, stream));
-  return Status::Ok();
+  return e.UploadAllPending(stream);
 }
 
 Status OffloadEngine::WaitParameters(void* stream) {
@@ -875,11 +892,7 @@ Status OffloadEngine::SetSteps(int64_t steps) {
 
 Status OffloadEngine::Save(const std::string& dir) {
   Impl& e = *impl_;
-  if (e.grads_in_window > 0) {
-    return FailedPreconditionError(StrCat("Save: ", e.grads_in_window,
-                                          " gradients of the coming step are in; save between "
-                                          "Step and the next step's first gradient"));
-  }
+  ZO_RETURN_IF_ERROR(e.BetweenSteps("Save"));
   ZO_RETURN_IF_ERROR(e.Collect(nullptr).WithContext("Save"));
   const StatePrecision precision = e.config.zoffload.optimizer_state;
   internal::CheckpointMeta meta;
@@ -902,11 +915,7 @@ Status OffloadEngine::Save(const std::string& dir) {
 
 Status OffloadEngine::Load(const std::string& dir) {
   Impl& e = *impl_;
-  if (e.grads_in_window > 0) {
-    return FailedPreconditionError(StrCat("Load: ", e.grads_in_window,
-                                          " gradients of the coming step are in; load between "
-                                          "steps"));
-  }
+  ZO_RETURN_IF_ERROR(e.BetweenSteps("Load"));
   std::string from;
   ZO_ASSIGN_OR_RETURN(internal::CheckpointMeta meta, internal::ReadCheckpointMeta(dir, &from));
   const std::string precision(ToString(e.config.zoffload.optimizer_state));
@@ -939,13 +948,11 @@ Status OffloadEngine::Load(const std::string& dir) {
     if (saved[i] == nullptr) problems.push_back(StrCat("'", e.params[i].name, "' is not saved"));
   }
   if (!problems.empty()) {
-    std::string list;
-    for (size_t k = 0; k < std::min<size_t>(problems.size(), 5); ++k) {
-      list += StrCat(k ? "; " : "", problems[k]);
-    }
-    return FailedPreconditionError(
-        StrCat("Load ", from, ": the checkpoint's parameters differ ", "from the registered ones (",
-               problems.size(), " problems): ", list, problems.size() > 5 ? "; ..." : ""));
+    return FailedPreconditionError(StrCat("Load ", from,
+                                          ": the checkpoint's parameters differ from the "
+                                          "registered ones (",
+                                          problems.size(),
+                                          " problems): ", FirstFew(problems, "; ")));
   }
   uint64_t largest = 0;
   for (const auto* c : saved) largest = std::max(largest, c->bytes());

@@ -115,11 +115,7 @@ Status ReplaceFileAtomically(const std::string& path, const std::string& data, b
     return StatusFromErrno(errno, StrCat("rename ", tmp, " to ", path));
   }
   if (!sync) return Status::Ok();
-  const std::string dir = std::filesystem::path(path).parent_path().string();
-  ZO_ASSIGN_OR_RETURN(UniqueFd dfd,
-                      UniqueFd::Open(dir.empty() ? "." : dir, O_RDONLY | O_DIRECTORY));
-  if (::fsync(dfd.get()) != 0) return StatusFromErrno(errno, StrCat("fsync directory ", dir));
-  return Status::Ok();
+  return FsyncDirectory(std::filesystem::path(path).parent_path().string());
 }
 
 // Lets a process keep one descriptor per swap file open: raise the soft limit to the hard one.

@@ -20,6 +20,7 @@
 #include "common/aligned_buffer.h"
 #include "common/errno_status.h"
 #include "common/strings.h"
+#include "common/unique_fd.h"
 #include "swap/io_engine.h"
 
 namespace zoffload::internal::bench {
@@ -45,12 +46,7 @@ struct TempFiles {
       ::unlink(p.c_str());
     }
     for (const std::string& p : paths) {
-      const int dir = ::open(std::filesystem::path(p).parent_path().c_str(),
-                             O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (dir >= 0) {
-        ::fsync(dir);
-        ::close(dir);
-      }
+      FsyncDirectory(std::filesystem::path(p).parent_path().string()).IgnoreError();
     }
   }
 };
