@@ -833,5 +833,6 @@ int Main(int argc, char** argv) {
 int main(int argc, char** argv) {
   // Line-buffered even into a pipe, so tables and stderr progress lines appear in order.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  zoffload::internal::bench::CatchStopSignals();
   return zoffload::internal::bench::Main(argc, argv);
 }

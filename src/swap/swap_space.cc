@@ -25,6 +25,7 @@
 #include "common/aligned_buffer.h"
 #include "common/errno_status.h"
 #include "common/log.h"
+#include "common/pid_lock.h"
 #include "common/strings.h"
 #include "common/topology.h"
 #include "common/unique_fd.h"
@@ -38,6 +39,23 @@ using Json = nlohmann::json;
 
 constexpr const char* kManifestName = "zoffload-swap.json";
 constexpr const char* kFileSuffix = ".zoswap";
+constexpr const char* kLockName = "zoffload-swap.lock";
+
+// Takes the lock of every directory (see 6.); the error names the directory in use.
+Result<std::vector<PidLock>> LockDirectories(const std::vector<std::string>& dirs) {
+  std::vector<PidLock> locks;
+  for (const std::string& dir : dirs) {
+    ZO_ASSIGN_OR_RETURN(
+        PidLock lock, PidLock::Acquire(StrCat(dir, "/", kLockName), StrCat("swap space at ", dir)));
+    if (lock.stale_pid() != 0 && lock.stale_pid() != ::getpid()) {
+      Log(LogLevel::kWarning,
+          StrCat("swap space at ", dir, ": its last owner, pid ", lock.stale_pid(),
+                 ", stopped without closing it (killed or crashed); taken over"));
+    }
+    locks.push_back(std::move(lock));
+  }
+  return locks;
+}
 
 using TensorState = SwapSpace::TensorInfo::State;
 
@@ -53,6 +71,11 @@ const char* StateName(TensorState s) {
       return "interrupted";
   }
   return "?";
+}
+
+// "last committed at generation N" (the swap space's commit count then), or "never committed".
+std::string LastCommit(uint64_t generation) {
+  return generation == 0 ? "never committed" : StrCat("last committed at generation ", generation);
 }
 
 // Injective escaping of a key into a file-name stem: [A-Za-z0-9.-] kept, every other byte
@@ -143,6 +166,7 @@ struct TensorEntry {
 }  // namespace
 
 struct SwapSpace::Impl {
+  std::vector<PidLock> locks;  // first: released after everything else
   SwapSpaceOptions options;
   std::unique_ptr<IoEngine> engine;
   uint64_t block = 0;
@@ -316,6 +340,7 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
   }
   RaiseOpenFileLimit();
   auto impl = std::make_unique<Impl>();
+  ZO_ASSIGN_OR_RETURN(impl->locks, LockDirectories(options.paths));
   impl->options = std::move(options);
   impl->block = static_cast<uint64_t>(impl->options.aio.block_size);
   impl->manifest_path = StrCat(impl->options.paths[0], "/", kManifestName);
@@ -406,7 +431,10 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
   }
   if (!torn.empty()) {
     std::string names;
-    for (const std::string& k : torn) names += StrCat(names.empty() ? "" : ", ", "'", k, "'");
+    for (const std::string& k : torn) {
+      names += StrCat(names.empty() ? "" : ", ", "'", k, "' (",
+                      LastCommit(impl->tensors.at(k)->generation), ")");
+    }
     Log(LogLevel::kWarning,
         StrCat("swap space at ", impl->options.paths[0], " was interrupted while writing: ", names,
                " may be torn and will not be read until written again in full"));
@@ -422,12 +450,14 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
 }
 
 Status SwapSpace::Destroy(const std::vector<std::string>& paths) {
+  ZO_ASSIGN_OR_RETURN(const std::vector<PidLock> locks, LockDirectories(paths));
   for (size_t i = 0; i < paths.size(); ++i) {
     std::error_code ec;
     for (const auto& entry : std::filesystem::directory_iterator(paths[i], ec)) {
       const std::string name = entry.path().filename().string();
+      // The lock files go too, while held: a later Open creates and takes a new one.
       const bool ours =
-          name.ends_with(kFileSuffix) ||
+          name.ends_with(kFileSuffix) || name == kLockName ||
           (i == 0 && (name == kManifestName || name == StrCat(kManifestName, ".tmp")));
       if (ours && ::unlink(entry.path().c_str()) != 0 && errno != ENOENT) {
         return StatusFromErrno(errno, StrCat("remove ", entry.path().string()));
@@ -593,8 +623,9 @@ Future<> SwapSpace::Read(const std::string& key, uint64_t offset, std::span<std:
     if (t.state == TensorState::kInterrupted) {
       return Future<>::Ready(DataLossError(
           StrCat("tensor '", key,
-                 "' was interrupted while writing (a process failed or was killed mid-write): it "
-                 "may mix two versions and is not read until written again in full")));
+                 "' was interrupted while writing (a process failed or was killed mid-write; ",
+                 LastCommit(t.generation),
+                 "): it may mix two versions and is not read until written again in full")));
     }
     if (!t.has_data) {
       return Future<>::Ready(

@@ -24,6 +24,10 @@
 //    matches its checksum and its read fails with DATA_LOSS — detected, never used. With
 //    checksums off there is nothing to detect it with, so every commit is durable.
 // 5. A failed write leaves its tensor unreadable (DATA_LOSS) until it is written again.
+// 6. One owner. An open swap space holds a PidLock on "zoffload-swap.lock" in each directory:
+//    a second Open (or Destroy) of it, from any process, fails with FAILED_PRECONDITION naming
+//    the pid that holds it; a lock whose holder was killed is taken over, with a warning that
+//    names that pid.
 //
 // Thread-safety: all methods may be called from any thread; reads and writes of different
 // tensors (or of disjoint ranges) run concurrently. The caller must not read a range while
@@ -63,10 +67,12 @@ class SwapSpace {
   /// Opens the swap space in `options.paths`, or creates an empty one (tensors a previous
   /// process was writing come back interrupted, see 4.). Fails with
   /// NOT_FOUND / PERMISSION_DENIED for missing or read-only directories, and with
-  /// INVALID_ARGUMENT if the directories or block size differ from those it was made with.
+  /// INVALID_ARGUMENT if the directories or block size differ from those it was made with,
+  /// and with FAILED_PRECONDITION while another SwapSpace has it open (see 6.).
   static Result<std::unique_ptr<SwapSpace>> Open(SwapSpaceOptions options);
 
-  /// Deletes the manifest and every swap file in `paths` (after a reported torn write).
+  /// Deletes the manifest and every swap file in `paths` (after a reported torn write); refused
+  /// while the space is open anywhere (see 6.).
   static Status Destroy(const std::vector<std::string>& paths);
 
   ~SwapSpace();

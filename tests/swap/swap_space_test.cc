@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -69,6 +70,47 @@ Status WriteAll(SwapSpace& swap, const std::string& key, const std::vector<std::
   ZO_RETURN_IF_ERROR(swap.Allocate(key, data.size()));
   return swap.Write(key, 0, data).Wait();
 }
+
+// Runs `body` in a child process and returns its exit code (-1 if it died).
+template <typename F>
+int InChild(F body) {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(body());
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A small tmpfs mounted over directory `dir` (needs root), never left mounted: the kernel may
+// still hold the files of a closed io_uring ring for a moment (their release is deferred), so
+// a busy unmount is retried and then detached.
+class SmallTmpfs {
+ public:
+  SmallTmpfs(std::string dir, const char* size) : dir_(std::move(dir)) {
+    mounted_ = ::mount("tmpfs", dir_.c_str(), "tmpfs", 0, size) == 0;
+  }
+  ~SmallTmpfs() { Unmount(); }
+  SmallTmpfs(const SmallTmpfs&) = delete;
+  SmallTmpfs& operator=(const SmallTmpfs&) = delete;
+  bool mounted() const { return mounted_; }
+  // True when `dir` is no longer a mount point.
+  bool Unmount() {
+    for (int tries = 0; mounted_ && tries < 200; ++tries) {
+      if (::umount(dir_.c_str()) == 0) mounted_ = false;
+      if (mounted_ && errno != EBUSY) break;
+      if (mounted_) ::usleep(10000);
+    }
+    if (mounted_ && ::umount2(dir_.c_str(), MNT_DETACH) == 0) mounted_ = false;
+    struct stat here {
+    }, parent{};
+    return !mounted_ && ::stat(dir_.c_str(), &here) == 0 &&
+           ::stat((dir_ + "/..").c_str(), &parent) == 0 && here.st_dev == parent.st_dev;
+  }
+
+ private:
+  std::string dir_;
+  bool mounted_ = false;
+};
 
 void RoundTripAwkwardSizes(const std::vector<std::string>& paths) {
   auto swap = SwapSpace::Open(Options(paths));
@@ -357,9 +399,11 @@ TEST_P(SwapSpaceTest, CrashMidWriteLeavesTheTensorInterruptedOnReopen) {
   {
     auto swap = SwapSpace::Open(Options({dir.path()}));
     ASSERT_TRUE(swap.ok());
-    ASSERT_TRUE(WriteAll(**swap, "w", v1).ok());
-    ASSERT_TRUE(WriteAll(**swap, "other", v1).ok());
-    ASSERT_TRUE((*swap)->Commit().ok());
+    for (int commit = 0; commit < 3; ++commit) {  // generation 3
+      ASSERT_TRUE(WriteAll(**swap, "w", v1).ok());
+      ASSERT_TRUE(WriteAll(**swap, "other", v1).ok());
+      ASSERT_TRUE((*swap)->Commit().ok());
+    }
   }
   int ready[2];
   ASSERT_EQ(::pipe(ready), 0);
@@ -395,6 +439,9 @@ TEST_P(SwapSpaceTest, CrashMidWriteLeavesTheTensorInterruptedOnReopen) {
     ASSERT_EQ(torn.status().code(), StatusCode::kDataLoss) << torn.status();
     EXPECT_NE(torn.status().message().find("'w' was interrupted while writing"), std::string::npos)
         << torn.status();
+    // The generation named is the tensor's own last commit.
+    EXPECT_NE(torn.status().message().find("last committed at generation 3)"), std::string::npos)
+        << torn.status();
     auto other = ReadAll(**swap, "other");
     ASSERT_TRUE(other.ok()) << other.status();
     EXPECT_EQ(*other, v1);
@@ -415,6 +462,69 @@ TEST_P(SwapSpaceTest, CrashMidWriteLeavesTheTensorInterruptedOnReopen) {
   auto fresh = SwapSpace::Open(Options({dir.path()}));
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_TRUE((*fresh)->Keys().empty());
+}
+
+TEST_P(SwapSpaceTest, ASpaceInUseIsRefusedNamingItsOwner) {
+  TempDir dir;
+  const auto data = RandomBytes(3 * kBlock, 8);
+  auto owner = SwapSpace::Open(Options({dir.path()}));
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  ASSERT_TRUE(WriteAll(**owner, "t", data).ok());
+  ASSERT_TRUE((*owner)->Commit().ok());
+  const std::string in_use =
+      "swap space at " + dir.path() + " is in use by pid " + std::to_string(::getpid());
+  // A second open, in this process or another, and a Destroy are refused; nothing changes.
+  auto second = SwapSpace::Open(Options({dir.path()}));
+  ASSERT_EQ(second.status().code(), StatusCode::kFailedPrecondition) << second.status();
+  EXPECT_NE(second.status().message().find(in_use), std::string::npos) << second.status();
+  const int code = InChild([&] {
+    auto other = SwapSpace::Open(Options({dir.path()}));
+    return !other.ok() && other.status().message().find(in_use) != std::string::npos ? 0 : 1;
+  });
+  EXPECT_EQ(code, 0);
+  Status destroyed = SwapSpace::Destroy({dir.path()});
+  EXPECT_EQ(destroyed.code(), StatusCode::kFailedPrecondition) << destroyed;
+  EXPECT_EQ(*ReadAll(**owner, "t"), data);
+  // Closed, it opens again with its data.
+  owner->reset();
+  auto reopened = SwapSpace::Open(Options({dir.path()}));
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ(*ReadAll(**reopened, "t"), data);
+}
+
+TEST_P(SwapSpaceTest, TheLockOfAKilledOwnerIsTakenOverNamingIt) {
+  TempDir dir;
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto swap = SwapSpace::Open(Options({dir.path()}));
+    const char c = swap.ok() ? 'x' : 'e';
+    if (::write(ready[1], &c, 1) != 1) ::_exit(3);
+    ::pause();
+    ::_exit(4);
+  }
+  char c;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 'x');
+  ::kill(child, SIGKILL);
+  int status;
+  ::waitpid(child, &status, 0);
+  ::testing::internal::CaptureStderr();
+  auto swap = SwapSpace::Open(Options({dir.path()}));
+  const std::string warning = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(swap.ok()) << swap.status();
+  EXPECT_NE(
+      warning.find("its last owner, pid " + std::to_string(child) + ", stopped without closing it"),
+      std::string::npos)
+      << warning;
+  // A clean close leaves nothing to report.
+  swap->reset();
+  ::testing::internal::CaptureStderr();
+  swap = SwapSpace::Open(Options({dir.path()}));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  ASSERT_TRUE(swap.ok()) << swap.status();
 }
 
 TEST_P(SwapSpaceTest, FailedWriteLeavesTensorUnreadableAndUncommittable) {
@@ -455,23 +565,13 @@ TEST_P(SwapSpaceTest, InjectedShortReadsAndEio) {
   EXPECT_EQ(*ReadAll(**swap, "t"), data);  // and the data is still intact
 }
 
-// Runs `body` in a child process and returns its exit code (-1 if it died).
-template <typename F>
-int InChild(F body) {
-  const pid_t pid = ::fork();
-  if (pid == 0) ::_exit(body());
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 TEST_P(SwapSpaceTest, OutOfSpaceIsReportedBeforeWritingAndKeepsEarlierData) {
   TempDir dir;
   const std::string mnt = dir.File("small");
   std::filesystem::create_directory(mnt);
-  const bool mounted = ::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=8m") == 0;
+  SmallTmpfs tmpfs(mnt, "size=8m");
   const auto data = RandomBytes(2 << 20, 6);
-  if (mounted) {
+  if (tmpfs.mounted()) {
     {
       auto swap = SwapSpace::Open(Options({mnt}));
       ASSERT_TRUE(swap.ok()) << swap.status();
@@ -489,7 +589,7 @@ TEST_P(SwapSpaceTest, OutOfSpaceIsReportedBeforeWritingAndKeepsEarlierData) {
     ASSERT_TRUE(reopened.ok()) << reopened.status();
     EXPECT_EQ(*ReadAll(**reopened, "kept"), data);
     reopened->reset();
-    ::umount(mnt.c_str());
+    EXPECT_TRUE(tmpfs.Unmount()) << mnt << " is still mounted";
   } else {
     // No mount permission: a file-size limit makes fallocate fail the same way.
     const int code = InChild([&] {

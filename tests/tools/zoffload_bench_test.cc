@@ -1,7 +1,10 @@
 // Runs the zoffload-bench binary as a user would, on small files.
+#include <fcntl.h>
 #include <linux/magic.h>
+#include <signal.h>
 #include <sys/statfs.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -158,6 +162,73 @@ TEST(ZoffloadBenchTest, EngineStepsWriteARecord) {
                          orec["chunk_upload_seconds"].get<double>());
   }
   EXPECT_EQ(RunBench("engine --overlap sideways").exit_code, 2);
+}
+
+// Starts zoffload-bench with `args` (output into `log`), waits until it has made its scratch
+// in `dir`, then sends `sig`; returns how it ended (the wait status), or -1.
+int StopWhileItMeasures(const std::vector<std::string>& args, const std::string& dir,
+                        const std::string& log, int sig) {
+  const pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<char*> argv{const_cast<char*>(ZO_BENCH_BIN)};
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv(ZO_BENCH_BIN, argv.data());
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::filesystem::is_empty(dir) && std::chrono::steady_clock::now() < deadline) {
+    ::usleep(20000);
+  }
+  ::usleep(300000);  // well into its work
+  ::kill(pid, sig);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// SIGINT and SIGTERM remove the run's temporary files and end it by that signal; what a
+// SIGKILLed run left is removed, and reported, by the next run in that directory.
+TEST(ZoffloadBenchTest, StoppedRunsLeaveNoDebris) {
+  testing::TempDir dir, out;
+  const std::string log = out.File("log");
+  const std::vector<std::string> step = {"step", "--path", dir.path(), "--params", "64M"};
+  const std::vector<std::string> nvme = {"nvme", "--path", dir.path(), "--size", "1GiB"};
+  for (const auto& [args, sig] : {std::pair{step, SIGINT}, std::pair{step, SIGTERM},
+                                  std::pair{nvme, SIGTERM}, std::pair{nvme, SIGINT}}) {
+    const int status = StopWhileItMeasures(args, dir.path(), log, sig);
+    const std::string output = ReadText(log);
+    EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << status << "\n" << output;
+    EXPECT_NE(output.find(StrCat("stopped by SIG", sig == SIGINT ? "INT" : "TERM")),
+              std::string::npos)
+        << output;
+    EXPECT_TRUE(std::filesystem::is_empty(dir.path())) << args[0] << " " << output;
+    for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+      std::filesystem::remove_all(entry.path());
+    }
+  }
+  // A SIGKILL leaves the scratch; the next run removes it and says so.
+  for (const auto& args : {step, nvme}) {
+    const int status = StopWhileItMeasures(args, dir.path(), log, SIGKILL);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+    ASSERT_FALSE(std::filesystem::is_empty(dir.path()));
+    const std::string left = std::filesystem::directory_iterator(dir.path())->path().string();
+    testing::CommandResult next =
+        RunBench("nvme --path " + dir.path() + " --size 4MiB --block-size 1M --queue-depth 2");
+    ASSERT_EQ(next.exit_code, 0) << next.output;
+    EXPECT_NE(next.output.find("removed " + left), std::string::npos) << next.output;
+    EXPECT_NE(next.output.find("left by an earlier run"), std::string::npos) << next.output;
+    EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  }
 }
 
 TEST(ZoffloadBenchTest, ClearErrors) {

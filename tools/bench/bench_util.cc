@@ -1,14 +1,25 @@
 #include "bench/bench_util.h"
 
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <thread>
 
+#include "common/pid_lock.h"
 #include "common/strings.h"
+#include "common/unique_fd.h"
 
 namespace zoffload::internal::bench {
 namespace {
@@ -106,21 +117,132 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-TempDirs::~TempDirs() {
-  std::error_code ec;
-  for (const std::string& d : dirs_) std::filesystem::remove_all(d, ec);
+namespace {
+
+// Every Scratch path of the process, for the signal thread.
+std::mutex g_scratch_mu;
+std::set<std::string>& ScratchPaths() {
+  static auto* paths = new std::set<std::string>;  // never destroyed: the signal thread may run
+  return *paths;
 }
 
-Status TempDirs::Make(const std::vector<std::string>& parents, std::string_view profile) {
+std::string ScratchStem(std::string_view profile, pid_t pid) {
+  return StrCat("zoffload-", profile, "-", pid);
+}
+
+// Removes a scratch file or directory, freeing its blocks before returning (an unlinked file
+// still open elsewhere keeps them): files are truncated and synced first. Best effort.
+void RemoveFreeing(const std::string& path) {
+  std::error_code ec;
+  auto truncate = [](const std::filesystem::path& file) {
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return;
+    if (::ftruncate(fd, 0) == 0) ::fsync(fd);
+    ::close(fd);
+  };
+  if (std::filesystem::is_directory(path, ec)) {
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(path, ec)) {
+      if (entry.is_regular_file(ec)) truncate(entry.path());
+    }
+  } else {
+    truncate(path);
+  }
+  std::filesystem::remove_all(path, ec);
+  FsyncDirectory(std::filesystem::path(path).parent_path().string()).IgnoreError();
+}
+
+// Removes what runs that are no longer running left in `parent` (their scratch names carry
+// their pid), saying what and how much.
+void RemoveDebris(const std::string& parent) {
+  static const std::regex kName(R"(zoffload-[a-z]+-([0-9]+)(-[A-Za-z0-9]{6}|\.tmp))");
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(parent, ec)) {
+    const std::string name = entry.path().filename().string();
+    std::smatch m;
+    if (!std::regex_match(name, m, kName)) continue;
+    const pid_t pid = static_cast<pid_t>(std::strtol(m[1].str().c_str(), nullptr, 10));
+    if (pid == ::getpid() || ProcessRunning(pid)) continue;
+    uint64_t bytes = 0;
+    std::error_code size_ec;
+    if (entry.is_directory(size_ec)) {
+      for (const auto& f : std::filesystem::recursive_directory_iterator(entry.path(), size_ec)) {
+        if (f.is_regular_file(size_ec)) bytes += f.file_size(size_ec);
+      }
+    } else {
+      bytes = entry.file_size(size_ec);
+    }
+    RemoveFreeing(entry.path().string());
+    std::fprintf(stderr,
+                 "zoffload-bench: removed %s (%s), left by an earlier run (pid %d) that was "
+                 "killed\n",
+                 entry.path().c_str(), HumanBytes(bytes).c_str(), static_cast<int>(pid));
+  }
+}
+
+void Register(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_scratch_mu);
+  ScratchPaths().insert(path);
+}
+
+}  // namespace
+
+Scratch::~Scratch() {
+  for (const std::string& path : owned_) {
+    RemoveFreeing(path);
+    std::lock_guard<std::mutex> lock(g_scratch_mu);
+    ScratchPaths().erase(path);
+  }
+}
+
+Status Scratch::MakeDirs(const std::vector<std::string>& parents, std::string_view profile) {
   for (const std::string& parent : parents) {
-    std::string tmpl = StrCat(parent, "/zoffload-", profile, "-XXXXXX");
+    RemoveDebris(parent);
+    std::string tmpl = StrCat(parent, "/", ScratchStem(profile, ::getpid()), "-XXXXXX");
     if (::mkdtemp(tmpl.data()) == nullptr) {
       return Status(StatusCode::kPermissionDenied,
                     StrCat(profile, ": cannot create a directory in ", parent), errno);
     }
+    Register(tmpl);
+    owned_.push_back(tmpl);
     dirs_.push_back(tmpl);
   }
   return Status::Ok();
+}
+
+std::string Scratch::AddFile(const std::string& parent, std::string_view profile) {
+  RemoveDebris(parent);
+  std::string path = StrCat(parent, "/", ScratchStem(profile, ::getpid()), ".tmp");
+  Register(path);
+  owned_.push_back(path);
+  return path;
+}
+
+void CatchStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  if (::pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) return;
+  std::thread([set] {
+    int sig = 0;
+    if (::sigwait(&set, &sig) != 0) return;
+    std::fprintf(stderr, "\nzoffload-bench: stopped by SIG%s\n", ::sigabbrev_np(sig));
+    {
+      std::lock_guard<std::mutex> lock(g_scratch_mu);
+      for (const std::string& path : ScratchPaths()) {
+        std::error_code ec;
+        if (!std::filesystem::exists(path, ec)) continue;
+        RemoveFreeing(path);
+        std::fprintf(stderr, "zoffload-bench: removed %s\n", path.c_str());
+      }
+    }
+    // Ends by the signal itself, so the parent sees how the run stopped.
+    std::signal(sig, SIG_DFL);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    ::pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+    ::raise(sig);
+  }).detach();
 }
 
 }  // namespace zoffload::internal::bench

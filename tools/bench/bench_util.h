@@ -38,21 +38,33 @@ class Progress {
   bool tty_;
 };
 
-/// Fresh directories, one in each of some parent directories, removed with what they hold
-/// when this goes away.
-class TempDirs {
+/// What a run writes only to measure with: directories and files named after the process
+/// ("zoffload-<profile>-<pid>-XXXXXX", "zoffload-<profile>-<pid>.tmp"). They are removed however
+/// the run ends: when this goes away, on SIGINT/SIGTERM/SIGHUP (see CatchStopSignals), and after a
+/// SIGKILL, which nothing can catch, by the next run that makes scratch in the same parent
+/// directory (it removes what a process no longer running left there, and says so).
+/// Removal frees the space at once: each file is truncated and synced before it is unlinked.
+class Scratch {
  public:
-  TempDirs() = default;
-  ~TempDirs();
-  TempDirs(const TempDirs&) = delete;
-  TempDirs& operator=(const TempDirs&) = delete;
-  /// Makes "<parent>/zoffload-<profile>-XXXXXX" in each parent; the error names the parent.
-  Status Make(const std::vector<std::string>& parents, std::string_view profile);
+  Scratch() = default;
+  ~Scratch();
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  /// Makes "<parent>/zoffload-<profile>-<pid>-XXXXXX" in each parent; the error names the parent.
+  Status MakeDirs(const std::vector<std::string>& parents, std::string_view profile);
+  /// Names "<parent>/zoffload-<profile>-<pid>.tmp" for the caller to create, and owns it.
+  std::string AddFile(const std::string& parent, std::string_view profile);
   const std::vector<std::string>& dirs() const { return dirs_; }
 
  private:
   std::vector<std::string> dirs_;
+  std::vector<std::string> owned_;  // dirs_ and the files, as registered for the signal thread
 };
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in this thread and every thread it starts later, and starts
+/// a thread that waits for them: it removes every Scratch path, then ends the process by the
+/// same signal. Call first in main, before any other thread exists.
+void CatchStopSignals();
 
 /// The median of `v` (not empty).
 double Median(std::vector<double> v);

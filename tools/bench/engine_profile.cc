@@ -281,10 +281,10 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
   ZeroConfig& zero = config.zero_optimization;
   zero.stage = 2;
   if (o.bucket_elements > 0) zero.reduce_bucket_size = static_cast<int64_t>(o.bucket_elements);
-  TempDirs temp;
+  Scratch temp;
   if (o.state_on == StateHome::kNvme) {
     zero.offload_optimizer.device = OffloadDevice::kNvme;
-    ZO_RETURN_IF_ERROR(temp.Make(o.paths, "engine"));
+    ZO_RETURN_IF_ERROR(temp.MakeDirs(o.paths, "engine"));
     config.zoffload.nvme_paths = temp.dirs();
   } else {
     zero.offload_optimizer.device = OffloadDevice::kCpu;

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <csignal>
 #include <filesystem>
 #include <map>
 #include <tuple>
@@ -25,31 +24,6 @@
 
 namespace zoffload::internal::bench {
 namespace {
-
-volatile std::sig_atomic_t g_interrupted = 0;
-void OnInterrupt(int) { g_interrupted = 1; }
-
-// Removes the benchmark's temporary files however the run ends, and frees their space before
-// returning: truncated and synced first (unlink alone leaves the blocks to be freed after the
-// process is gone, and a next run on a nearly full disk would find it full).
-struct TempFiles {
-  std::vector<std::string> paths;
-  bool keep = false;
-  ~TempFiles() {
-    if (keep) return;
-    for (const std::string& p : paths) {
-      const int fd = ::open(p.c_str(), O_WRONLY | O_CLOEXEC);
-      if (fd >= 0) {
-        if (::ftruncate(fd, 0) == 0) ::fsync(fd);
-        ::close(fd);
-      }
-      ::unlink(p.c_str());
-    }
-    for (const std::string& p : paths) {
-      FsyncDirectory(std::filesystem::path(p).parent_path().string()).IgnoreError();
-    }
-  }
-};
 
 // Whether `dir` is a file system in memory (tmpfs, ramfs), where O_DIRECT may be accepted.
 bool InRam(const std::string& dir) {
@@ -109,7 +83,8 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
       }
     }
   }
-  TempFiles temp;
+  Scratch scratch;
+  std::vector<std::string> paths;  // one file per directory
   bool in_ram = false;
   for (const std::string& dir : o.paths) {
     struct stat st {};
@@ -126,16 +101,15 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
                       ENOSPC);
       }
     }
-    const std::string path = o.file.empty() ? StrCat(dir, "/zoffload-bench-", ::getpid(), ".tmp")
-                                            : StrCat(dir, "/", o.file);
-    // Checked before the path joins `temp`, whose clean-up would remove it on this error.
+    const std::string path =
+        o.file.empty() ? scratch.AddFile(dir, "nvme") : StrCat(dir, "/", o.file);
     if (!o.file.empty() && !o.overwrite && ::stat(path.c_str(), &st) == 0) {
       return Status(StatusCode::kAlreadyExists,
                     StrCat("nvme: --file ", path,
                            " exists and the benchmark writes over it; pass --overwrite if that "
                            "is what you want"));
     }
-    temp.paths.push_back(path);
+    paths.push_back(path);
     if (InRam(dir)) {
       in_ram = true;
       std::fprintf(stderr,
@@ -144,14 +118,6 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
                    dir.c_str());
     }
   }
-  temp.keep = !o.file.empty();
-  g_interrupted = 0;
-  auto previous_handler = std::signal(SIGINT, OnInterrupt);
-  struct RestoreHandler {
-    decltype(previous_handler) handler;
-    ~RestoreHandler() { std::signal(SIGINT, handler); }
-  } restore{previous_handler};
-
   // One working buffer, big enough for every piece in flight in the largest setting.
   const int max_qd = *std::max_element(o.queue_depths.begin(), o.queue_depths.end());
   const int max_threads = *std::max_element(o.threads.begin(), o.threads.end());
@@ -167,7 +133,7 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
   // Lay the files out fully (untimed): reads must hit written blocks, never holes. A --file
   // that already holds the size is taken as laid out (comparisons reuse one file).
   bool laid_out = !o.file.empty();
-  for (const std::string& p : temp.paths) {
+  for (const std::string& p : paths) {
     struct stat st {};
     laid_out =
         laid_out && ::stat(p.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) >= per_path;
@@ -177,11 +143,11 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
     eo.aio.block_size = static_cast<int64_t>(std::min<uint64_t>(max_block, 4 << 20));
     eo.aio.queue_depth = 16;
     ZO_ASSIGN_OR_RETURN(auto engine, IoEngine::Create(eo));
-    ZO_ASSIGN_OR_RETURN(std::vector<int> files, OpenAll(*engine, temp.paths));
+    ZO_ASSIGN_OR_RETURN(std::vector<int> files, OpenAll(*engine, paths));
     for (size_t i = 0; i < files.size(); ++i) {
       if (::fallocate(engine->fd(files[i]), 0, 0, static_cast<off_t>(per_path)) != 0 &&
           errno != EOPNOTSUPP) {
-        return StatusFromErrno(errno, StrCat("reserve ", per_path, " bytes in ", temp.paths[i]));
+        return StatusFromErrno(errno, StrCat("reserve ", per_path, " bytes in ", paths[i]));
       }
     }
     std::fprintf(stderr, "nvme: preparing %s in %zu file(s)...\n", HumanBytes(size).c_str(),
@@ -212,10 +178,9 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
         eo.aio.single_submit = o.single_submit;
         eo.aio.overlap_events = o.overlap_events;
         ZO_ASSIGN_OR_RETURN(auto engine, IoEngine::Create(eo));
-        ZO_ASSIGN_OR_RETURN(std::vector<int> files, OpenAll(*engine, temp.paths));
+        ZO_ASSIGN_OR_RETURN(std::vector<int> files, OpenAll(*engine, paths));
         ZO_RETURN_IF_ERROR(engine->RegisterBuffer(buffer.span()));
         for (const std::string& op : o.ops) {
-          if (g_interrupted) return Status(StatusCode::kCancelled, "nvme: interrupted");
           const IoOp io_op = op == "read" ? IoOp::kRead : IoOp::kWrite;
           auto segments = Layout(files, size, bs, buffer.data(), buffer_size);
           const auto start = std::chrono::steady_clock::now();

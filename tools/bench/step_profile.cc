@@ -137,7 +137,7 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   rec.tensors = o.tensors;
   rec.state_on = o.state_on == StateHome::kNvme ? "nvme" : "host";
   rec.state = std::string(ToString(o.state));
-  TempDirs temp;
+  Scratch temp;
   OptimizerStateOptions so;
   so.home = o.state_on;
   so.precision = o.state;
@@ -147,7 +147,7 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   RuntimeOptions ro;
   ro.trace_path = o.trace_path;
   if (o.state_on == StateHome::kNvme) {
-    ZO_RETURN_IF_ERROR(temp.Make(o.paths, "step"));
+    ZO_RETURN_IF_ERROR(temp.MakeDirs(o.paths, "step"));
     ro.nvme_paths = temp.dirs();
     ro.aio = o.aio;
     ro.checksums = o.checksums;
