@@ -12,6 +12,8 @@
 
 #include "common/aligned_buffer.h"
 #include "common/errno_status.h"
+#include "common/log.h"
+#include "common/pid_lock.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
 #include "swap/crc32c.h"
@@ -35,6 +37,26 @@ Status RemoveTree(const std::string& path) {
   return Status::Ok();
 }
 
+// Removes DIR.tmp-PID directories of saves whose process is gone (killed mid-save).
+Status RemoveAbandonedSaves(const std::string& target) {
+  const std::filesystem::path path(target);
+  const std::string prefix = StrCat(path.filename().string(), ".tmp-");
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(path.parent_path(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const std::string pid = name.substr(prefix.size());
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos ||
+        ProcessRunning(static_cast<pid_t>(std::stol(pid)))) {
+      continue;
+    }
+    Log(LogLevel::kInfo, StrCat("checkpoint: removing ", entry.path().string(),
+                                ", left by a save of process ", pid, " that was killed"));
+    ZO_RETURN_IF_ERROR(RemoveTree(entry.path().string()));
+  }
+  return Status::Ok();
+}
+
 Result<DType> DTypeNamed(const std::string& name) {
   for (DType d : {DType::kFp32, DType::kBf16, DType::kFp16}) {
     if (ToString(d) == name) return d;
@@ -54,6 +76,7 @@ Status WriteCheckpoint(const std::string& dir, CheckpointMeta meta, const ReadEn
   }
   const std::string tmp = StrCat(target, ".tmp-", ::getpid());
   ZO_RETURN_IF_ERROR(RemoveTree(tmp));
+  ZO_RETURN_IF_ERROR(RemoveAbandonedSaves(target));
   if (::mkdir(tmp.c_str(), 0755) != 0) return StatusFromErrno(errno, StrCat("mkdir ", tmp));
   auto fail = [&tmp](Status s) {
     RemoveTree(tmp).IgnoreError();

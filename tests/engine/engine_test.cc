@@ -14,6 +14,7 @@
 #include "build_info.h"
 #include "common/strings.h"
 #include "cpu_adam/adam_math.h"
+#include "engine/engine_test_util.h"
 #include "swap/fault_backend.h"
 #include "test_util.h"
 #include "zoffload/cpu_adam.h"
@@ -31,94 +32,7 @@ using testing::FaultPlan;
 using testing::FaultRule;
 using testing::InjectFaults;
 using testing::TempDir;
-
-constexpr uint64_t kChunk = 4096;  // elements per update chunk: most tensors take several
-// Odd sizes: not multiples of a vector, a chunk, an int8 block or the bucket.
-const std::vector<uint64_t> kSizes = {1, 17, 1000, 4099, 13001, 9};
-constexpr int kSteps = 20;
-constexpr int kBucketElements = 3000;
-
-uint16_t ToBf16(float x) {
-  const uint32_t bits = std::bit_cast<uint32_t>(x);
-  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
-float FromBf16(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
-
-std::string Name(size_t i) {
-  return i % 2 == 0 ? StrCat("layer", i, ".weight") : StrCat("layer", i, ".bias");
-}
-int GroupOf(size_t i) { return static_cast<int>(i % 2); }  // biases: no weight decay
-
-struct Case {
-  int accumulation;
-  bool clip;
-  StatePrecision state;
-  const char* home;  // "host", "nvme", "nvme50" (ratio 0.5)
-};
-
-std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
-  const Case& c = info.param;
-  return StrCat("gas", c.accumulation, c.clip ? "_clip_" : "_", ToString(c.state), "_", c.home);
-}
-
-Config MakeConfig(const Case& c, const std::string& dir) {
-  const std::string home = c.home;
-  const std::string device = home == "host" ? "cpu" : "nvme";
-  const std::string ratio = home == "nvme50" ? "0.5" : "1.0";
-  auto config = ParseConfig(StrCat(R"({
-    "gradient_accumulation_steps": )",
-                                   c.accumulation, R"(,
-    "gradient_clipping": )",
-                                   c.clip ? "0.5" : "0", R"(,
-    "bf16": {"enabled": true},
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}},
-    "zero_optimization": {"stage": 2, "reduce_bucket_size": )",
-                                   kBucketElements, R"(,
-      "offload_optimizer": {"device": ")",
-                                   device, R"(", "nvme_path": ")", dir, R"(",
-                            "ratio": )",
-                                   ratio, R"(}},
-    "aio": {"block_size": 65536},
-    "zoffload": {"optimizer_state": ")",
-                                   ToString(c.state), R"(", "cpu_adam_threads": 2}
-  })"));
-  EXPECT_TRUE(config.ok()) << config.status();
-  return *config;
-}
-
-// The model: bf16 parameters (host memory here; device memory in the GPU tests), random.
-struct Model {
-  std::vector<std::vector<uint16_t>> params;
-  explicit Model(uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    for (uint64_t n : kSizes) {
-      std::vector<uint16_t> p(n);
-      for (uint16_t& x : p) x = ToBf16(normal(rng));
-      params.push_back(std::move(p));
-    }
-  }
-  std::vector<ParameterSpec> Specs() {
-    std::vector<ParameterSpec> specs;
-    for (size_t i = 0; i < kSizes.size(); ++i) {
-      specs.push_back({Name(i), params[i].data(), kSizes[i], DType::kBf16, nullptr, GroupOf(i)});
-    }
-    return specs;
-  }
-};
-
-// One micro-batch's gradients: bf16, random; scaled up by `scale` (a loss scale).
-std::vector<std::vector<uint16_t>> Grads(uint32_t seed, float scale = 1) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.3f);
-  std::vector<std::vector<uint16_t>> grads;
-  for (uint64_t n : kSizes) {
-    std::vector<uint16_t> g(n);
-    for (uint16_t& x : g) x = ToBf16(scale * normal(rng));
-    grads.push_back(std::move(g));
-  }
-  return grads;
-}
+using namespace testing;  // NOLINT(google-build-using-namespace): the shared test model
 
 // The fp32 sums of micro-batch gradients, in the order the engine adds them.
 void AddToSums(const std::vector<std::vector<uint16_t>>& grads, bool first,
@@ -131,17 +45,6 @@ void AddToSums(const std::vector<std::vector<uint16_t>>& grads, bool first,
     }
   }
 }
-
-std::vector<ParamGroup> Groups() {
-  ParamGroup decay;
-  decay.lr = 0.01;
-  decay.weight_decay = 0.1;
-  ParamGroup no_decay = decay;
-  no_decay.weight_decay = 0;
-  return {decay, no_decay};
-}
-
-double LrAt(int step) { return 0.01 * (1.0 - step / 40.0); }  // a schedule
 
 // The same training in plain memory: CPU Adam per whole tensor on the same gradients, after
 // the same norm pass and clip decision.
@@ -887,50 +790,6 @@ TEST(EngineOverlap, BackwardRefusesLateGroupChangesAndReportsInfGradients) {
 }
 
 // ---- checkpoints ----------------------------------------------------------------------
-
-// Steps [first, last] of the schedule in host mode, `accumulation` micro-batches each.
-void RunSteps(OffloadEngine& engine, int first, int last, int accumulation) {
-  for (int step = first; step <= last; ++step) {
-    for (int g = 0; g < 2; ++g) {
-      ParamGroup group = Groups()[g];
-      group.lr = LrAt(step);
-      ASSERT_TRUE(engine.SetGroup(g, group).ok());
-    }
-    for (int micro = 0; micro < accumulation; ++micro) {
-      const auto grads = Grads(1000 * step + micro);
-      for (size_t i = kSizes.size(); i-- > 0;) {
-        ASSERT_TRUE(engine.GradientReady(Name(i), grads[i].data(), kSizes[i], DType::kBf16).ok());
-      }
-    }
-    auto stats = engine.Step();
-    ASSERT_TRUE(stats.ok()) << stats.status();
-  }
-}
-
-// Every parameter's master, m and v.
-std::vector<std::vector<std::byte>> AllState(OffloadEngine& engine, StatePrecision precision) {
-  std::vector<std::vector<std::byte>> out;
-  for (size_t i = 0; i < kSizes.size(); ++i) {
-    const uint64_t mb = AdamMomentBytes(precision, kSizes[i]);
-    std::vector<std::byte> all(4 * kSizes[i] + 2 * mb);
-    EXPECT_TRUE(engine
-                    .ReadState(Name(i), reinterpret_cast<float*>(all.data()),
-                               all.data() + 4 * kSizes[i], all.data() + 4 * kSizes[i] + mb)
-                    .ok());
-    out.push_back(std::move(all));
-  }
-  return out;
-}
-
-std::unique_ptr<OffloadEngine> HostEngine(const Case& c, const std::string& dir, Model& model) {
-  EngineOptions eo;
-  eo.host_params = true;
-  eo.groups = Groups();
-  eo.chunk_elements = kChunk;
-  auto engine = OffloadEngine::Create(MakeConfig(c, dir), model.Specs(), eo);
-  EXPECT_TRUE(engine.ok()) << engine.status();
-  return engine.ok() ? std::move(*engine) : nullptr;
-}
 
 // 20 steps straight equal 10 steps, Save, an engine over other parameter values (and another
 // state home), Load, 10 more: masters, moments and the model's parameters, bit for bit.
