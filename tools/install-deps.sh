@@ -5,8 +5,8 @@
 # /usr/local/cuda is present the build uses it, otherwise the library is CPU-only.
 #   tools/install-deps.sh [--python]
 # --python also makes .venv/ (git-ignored) with what the Python module and its tests need from
-# PyPI (nanobind, scikit-build-core, numpy, pytest, torch, transformers, accelerate); the build
-# then finds it there.
+# PyPI (nanobind, scikit-build-core, numpy, pytest, torch, transformers, accelerate,
+# safetensors); the build then finds it there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,8 +47,8 @@ else
 fi
 
 if $python; then
-  wanted=(nanobind scikit-build-core numpy pytest "torch>=2.1" transformers accelerate)
-  if [ -x .venv/bin/python ] && .venv/bin/python -c "import nanobind, numpy, pytest, torch, transformers, accelerate" 2>/dev/null; then
+  wanted=(nanobind scikit-build-core numpy pytest "torch>=2.1" transformers accelerate safetensors)
+  if [ -x .venv/bin/python ] && .venv/bin/python -c "import nanobind, numpy, pytest, torch, transformers, accelerate, safetensors" 2>/dev/null; then
     echo "install-deps: .venv has the Python packages"
   else
     echo "install-deps: making .venv with ${wanted[*]} (torch from PyPI: a few GB, a few minutes)"

@@ -73,6 +73,8 @@ struct ParameterSpec {
   /// checkpoint; null: the masters start as `data`'s values.
   const float* initial = nullptr;
   int group = 0;  ///< index into EngineOptions::groups
+  /// The parameter's shape, kept in checkpoints for exported weights; empty: {elements}.
+  std::vector<uint64_t> shape = {};
 };
 
 struct EngineOptions {
@@ -184,5 +186,14 @@ class OffloadEngine {
   explicit OffloadEngine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+/// Writes the fp32 master weights of the checkpoint in `checkpoint_dir` (OffloadEngine::Save)
+/// to `out` as safetensors: one F32 tensor per parameter, named and shaped as registered
+/// (ParameterSpec::shape), readable by the safetensors package and by transformers. Each
+/// parameter is checked against its checksum first and only one is in memory at a time. The
+/// file appears whole or not at all; an existing `out` is replaced only with `overwrite`.
+/// The zoffload-export tool and zoffload.export_safetensors call this.
+Status ExportSafetensors(const std::string& checkpoint_dir, const std::string& out,
+                         bool overwrite = false);
 
 }  // namespace zoffload

@@ -10,11 +10,13 @@
 // 4. The GIL is released during the engine's work.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/filesystem.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -260,6 +262,7 @@ class Engine {
       s.dtype = CheckArray(array, what, cuda);
       s.data = array.data();
       s.elements = array.size();
+      for (size_t d = 0; d < array.ndim(); ++d) s.shape.push_back(array.shape(d));
       s.group = group;
       specs.push_back(std::move(s));
       elements_.emplace(name, array.size());
@@ -304,16 +307,16 @@ class Engine {
     Check(e.Flush(reinterpret_cast<void*>(stream)));
   }
 
-  void Save(const std::string& dir) {
+  void Save(const std::filesystem::path& dir) {
     OffloadEngine& e = Live();
     nb::gil_scoped_release release;
-    Check(e.Save(dir));
+    Check(e.Save(dir.string()));
   }
 
-  void Load(const std::string& dir) {
+  void Load(const std::filesystem::path& dir) {
     OffloadEngine& e = Live();
     nb::gil_scoped_release release;
-    Check(e.Load(dir));
+    Check(e.Load(dir.string()));
   }
 
   void SetGroup(int index, const nb::dict& group) {
@@ -437,6 +440,19 @@ void DefineModule(nb::module_& m) {
       nb::arg("json"),
       "Parses and validates a config (JSON text); returns it normalized, every field filled.\n"
       "Raises ConfigError naming the JSON path at fault.");
+  m.def(
+      "export_safetensors",
+      [](const std::filesystem::path& checkpoint, const std::filesystem::path& out,
+         bool overwrite) {
+        nb::gil_scoped_release release;
+        Check(ExportSafetensors(checkpoint.string(), out.string(), overwrite));
+      },
+      nb::arg("checkpoint"), nb::arg("out"), nb::arg("overwrite") = false,
+      "Writes the fp32 master weights of a checkpoint (Engine.save / OffloadOptimizer.save) to "
+      "`out` as safetensors, named and shaped as the parameters were registered: the file "
+      "safetensors.torch.load_file and transformers' from_pretrained read. Each parameter is "
+      "verified against its checksum first; the file appears whole or not at all. Raises "
+      "AlreadyExists if `out` exists and not `overwrite`.");
   nb::class_<Engine>(m, "Engine",
                      "The OffloadEngine: fp32 masters and Adam state off the GPU, updated on "
                      "the CPU from gradients handed over as they are produced.")

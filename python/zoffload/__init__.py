@@ -27,6 +27,7 @@ from ._zoffload import (
     ResourceExhausted,
     Unavailable,
     Unimplemented,
+    export_safetensors,
 )
 from .config import load_config
 
@@ -47,5 +48,6 @@ __all__ = [
     "ResourceExhausted",
     "Unavailable",
     "Unimplemented",
+    "export_safetensors",
     "load_config",
 ]

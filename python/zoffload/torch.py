@@ -22,6 +22,7 @@ skipped and counted in ``skipped_steps``.
 from __future__ import annotations
 
 import json
+import os
 import weakref
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -269,7 +270,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._engine.steps = int(state_dict["steps"])
         self._engine.wait_parameters(self._stream())
 
-    def save(self, directory: str) -> None:
+    def save(self, directory: Union[str, os.PathLike]) -> None:
         """The engine's checkpoint into ``directory`` (written atomically: a crash leaves the
         old checkpoint or the new one): every parameter's fp32 master and moments, the step
         count, the fp16 loss scale and the groups' hyperparameters. Between steps. The model's
@@ -277,7 +278,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self.flush()
         self._engine.save(directory)
 
-    def load(self, directory: str) -> None:
+    def load(self, directory: Union[str, os.PathLike]) -> None:
         """Restores ``save(directory)`` into this optimizer (same parameter names and sizes):
         the state, the step count, the loss scale and the groups' hyperparameters, and the
         model's parameters are set to the masters. The run continues bit-identically."""

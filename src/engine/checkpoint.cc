@@ -123,6 +123,7 @@ Status WriteCheckpoint(const std::string& dir, CheckpointMeta meta, const ReadEn
   for (const CheckpointEntry& e : meta.entries) {
     j["parameters"].push_back({{"name", e.name},
                                {"elements", e.elements},
+                               {"shape", e.shape},
                                {"dtype", std::string(ToString(e.dtype))},
                                {"group", e.group},
                                {"moment_bytes", e.moment_bytes},
@@ -221,6 +222,22 @@ Result<CheckpointMeta> ReadCheckpointMeta(const std::string& dir, std::string* f
     std::string dtype;
     ZO_RETURN_IF_ERROR(string(p, "name", &e.name));
     ZO_RETURN_IF_ERROR(number(p, "elements", &e.elements));
+    // The shape (absent in checkpoints written before it was kept: flat).
+    e.shape = {e.elements};
+    if (p.contains("shape")) {
+      uint64_t product = 1;
+      if (!p["shape"].is_array()) return bad(StrCat("'", e.name, "': 'shape' is not an array"));
+      e.shape.clear();
+      for (const auto& d : p["shape"]) {
+        if (!d.is_number_unsigned()) return bad(StrCat("'", e.name, "': 'shape' is not sizes"));
+        e.shape.push_back(d.get<uint64_t>());
+        product *= e.shape.back();
+      }
+      if (product != e.elements) {
+        return bad(StrCat("'", e.name, "': 'shape' ", p["shape"].dump(), " does not hold ",
+                          e.elements, " elements"));
+      }
+    }
     ZO_RETURN_IF_ERROR(string(p, "dtype", &dtype));
     auto parsed = DTypeNamed(dtype);
     if (!parsed.ok()) return bad(std::string(parsed.status().message()));
@@ -257,3 +274,61 @@ Status ReadCheckpointEntry(const std::string& from, const CheckpointEntry& e, fl
 }
 
 }  // namespace zoffload::internal
+
+namespace zoffload {
+
+using internal::CheckpointEntry;
+using internal::CheckpointMeta;
+
+Status ExportSafetensors(const std::string& dir, const std::string& out, bool overwrite) {
+  using namespace internal;  // NOLINT(google-build-using-namespace): this file's helpers
+  std::string from;
+  ZO_ASSIGN_OR_RETURN(const CheckpointMeta meta, ReadCheckpointMeta(dir, &from));
+  if (out.empty()) return InvalidArgumentError("export: no output file given");
+  if (!overwrite && Exists(out)) {
+    return Status(StatusCode::kAlreadyExists,
+                  StrCat("export: ", out, " exists and is replaced only when asked (overwrite)"));
+  }
+  // The header: each tensor's dtype, shape and byte range in the data that follows, in the
+  // checkpoint's order; padded with spaces so the data starts 8-byte aligned.
+  nlohmann::ordered_json header;
+  header["__metadata__"] = {
+      {"format", "pt"}, {"zoffload_steps", StrCat(meta.steps)}, {"zoffload_checkpoint", from}};
+  uint64_t offset = 0, largest = 0;
+  for (const CheckpointEntry& e : meta.entries) {
+    header[e.name] = {
+        {"dtype", "F32"}, {"shape", e.shape}, {"data_offsets", {offset, offset + 4 * e.elements}}};
+    offset += 4 * e.elements;
+    largest = std::max(largest, e.bytes());
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const std::string tmp = StrCat(out, ".tmp-", ::getpid());
+  ZO_ASSIGN_OR_RETURN(UniqueFd fd, UniqueFd::Open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  auto fail = [&tmp](Status s) {
+    ::unlink(tmp.c_str());
+    return s.WithContext("export");
+  };
+  uint8_t length[8];
+  for (int b = 0; b < 8; ++b) length[b] = static_cast<uint8_t>(text.size() >> (8 * b));
+  Status s = WriteAll(fd.get(), length, sizeof(length), tmp);
+  if (s.ok()) s = WriteAll(fd.get(), text.data(), text.size(), tmp);
+  if (!s.ok()) return fail(s);
+  auto buffer = AlignedBuffer::Allocate(std::max<uint64_t>(largest, 64), 64);
+  if (!buffer.ok()) return fail(buffer.status());
+  for (const CheckpointEntry& e : meta.entries) {
+    std::byte* m = buffer->data() + 4 * e.elements;
+    s = ReadCheckpointEntry(from, e, buffer->as<float>(), m, m + e.moment_bytes);
+    if (s.ok()) s = WriteAll(fd.get(), buffer->data(), 4 * e.elements, tmp);  // little-endian
+    if (!s.ok()) return fail(s);
+  }
+  if (::fsync(fd.get()) != 0) return fail(StatusFromErrno(errno, StrCat("fsync ", tmp)));
+  if (s = fd.Close(); !s.ok()) return fail(s);
+  if (::rename(tmp.c_str(), out.c_str()) != 0) {
+    return fail(StatusFromErrno(errno, StrCat("rename ", tmp, " to ", out)));
+  }
+  const std::string parent = std::filesystem::path(out).parent_path().string();
+  return FsyncDirectory(parent.empty() ? "." : parent);
+}
+
+}  // namespace zoffload

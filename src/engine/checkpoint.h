@@ -5,7 +5,7 @@
 //   OffloadEngine::ReadState gives them), parameter after parameter;
 // - manifest.json: the format version, the step count, the fp16 loss scaler's state, the
 //   groups' hyperparameters, the state precision, a fingerprint of the config, and per
-//   parameter its name, elements, dtype, group, offset in state.bin, bytes and CRC32C.
+//   parameter its name, elements, shape, dtype, group, offset in state.bin, bytes and CRC32C.
 // Writing is atomic: everything goes into DIR.tmp-PID, fsynced file by file, then the
 // directory; an old DIR is renamed to DIR.prev, DIR.tmp-PID to DIR, DIR.prev removed, and the
 // parent fsynced. A kill at any moment leaves DIR (old or new), or DIR.prev alone (killed
@@ -29,6 +29,7 @@ namespace zoffload::internal {
 struct CheckpointEntry {
   std::string name;
   uint64_t elements = 0;
+  std::vector<uint64_t> shape;  // multiplies to elements
   DType dtype = DType::kBf16;
   int group = 0;
   uint64_t moment_bytes = 0;  // each of m and v

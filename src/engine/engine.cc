@@ -109,6 +109,7 @@ struct OffloadEngine::Impl : public ParamSink {
     uint64_t n = 0;
     DType dtype = DType::kBf16;
     int group = 0;
+    std::vector<uint64_t> shape;
     const float* initial = nullptr;  // the caller's fp32 values, during Create only
     HostMemory grads;                // accumulation 1: the gradient (dtype); > 1: the fp32 sum
     HostMemory landing;  // accumulation > 1 on the GPU: each micro-batch's gradient (dtype)
@@ -562,6 +563,17 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
       return InvalidArgumentError(StrCat("engine: parameter '", s.name, "' is in group ", s.group,
                                          "; there are ", e.groups.size(), " groups"));
     }
+    uint64_t shape_elements = 1;
+    std::string shape;
+    for (uint64_t d : s.shape) {
+      shape_elements *= d;
+      shape += StrCat(shape.empty() ? "" : ", ", d);
+    }
+    if (!s.shape.empty() && shape_elements != s.elements) {
+      return InvalidArgumentError(StrCat("engine: parameter '", s.name, "' has shape [", shape,
+                                         "] (", shape_elements, " elements) but ", s.elements,
+                                         " elements"));
+    }
     if (!e.index.emplace(s.name, i).second) {
       return InvalidArgumentError(StrCat("engine: parameter '", s.name, "' is given twice"));
     }
@@ -571,6 +583,7 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
     p.n = s.elements;
     p.dtype = s.dtype;
     p.group = s.group;
+    p.shape = s.shape.empty() ? std::vector<uint64_t>{s.elements} : s.shape;
     p.initial = s.initial;
     e.total += p.n;
     e.params.push_back(std::move(p));
@@ -905,7 +918,14 @@ Status OffloadEngine::Save(const std::string& dir) {
   meta.fingerprint = StrCat(std::hash<std::string>{}(SerializeConfig(e.config)));
   meta.groups = e.groups;
   for (const Impl::Param& p : e.params) {
-    meta.entries.push_back({p.name, p.n, p.dtype, p.group, AdamMomentBytes(precision, p.n), 0, 0});
+    internal::CheckpointEntry c;
+    c.name = p.name;
+    c.elements = p.n;
+    c.shape = p.shape;
+    c.dtype = p.dtype;
+    c.group = p.group;
+    c.moment_bytes = AdamMomentBytes(precision, p.n);
+    meta.entries.push_back(std::move(c));
   }
   return internal::WriteCheckpoint(dir, std::move(meta),
                                    [&e](size_t i, float* master, std::byte* m, std::byte* v) {

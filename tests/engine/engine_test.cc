@@ -4,12 +4,15 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "build_info.h"
 #include "common/strings.h"
@@ -877,6 +880,82 @@ TEST(EngineCheckpoint, BadCheckpointsAreClearErrorsAndChangeNothing) {
   const auto grads = Grads(99);
   ASSERT_TRUE(engine->GradientReady(Name(0), grads[0].data(), kSizes[0], DType::kBf16).ok());
   EXPECT_EQ(engine->Save(dir).code(), StatusCode::kFailedPrecondition);
+}
+
+// The export: a safetensors file (8-byte little-endian header length, a JSON header, the data)
+// holding each master as F32 with its registered shape; a damaged checkpoint or an existing
+// output (without overwrite) leaves nothing written.
+TEST(EngineCheckpoint, ExportWritesTheMastersAsSafetensors) {
+  TempDir swap, dir;
+  const Case c{1, false, StatePrecision::kBf16, "host"};
+  Model model(31);
+  std::vector<ParameterSpec> specs = model.Specs();
+  specs[2].shape = {10, 100};
+  specs[4].shape = {1, 13001, 1};
+  EngineOptions eo;
+  eo.host_params = true;
+  eo.groups = Groups();
+  auto engine = OffloadEngine::Create(MakeConfig(c, swap.path()), specs, eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  RunSteps(**engine, 1, 4, 1);
+  const std::string ckpt = dir.File("ckpt"), out = dir.File("model.safetensors");
+  ASSERT_TRUE((*engine)->Save(ckpt).ok());
+  const Status exported = ExportSafetensors(ckpt, out);
+  ASSERT_TRUE(exported.ok()) << exported;
+
+  std::ifstream in(out, std::ios::binary);
+  const std::string file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GE(file.size(), 8u);
+  uint64_t header_size = 0;
+  for (int b = 7; b >= 0; --b) header_size = header_size << 8 | static_cast<uint8_t>(file[b]);
+  EXPECT_EQ((8 + header_size) % 8, 0u);
+  const auto header = nlohmann::json::parse(file.substr(8, header_size));
+  EXPECT_EQ(header["__metadata__"]["format"], "pt");
+  EXPECT_EQ(header["__metadata__"]["zoffload_steps"], "4");
+  const auto state = AllState(**engine, c.state);
+  uint64_t end = 0;
+  for (size_t i = 0; i < kSizes.size(); ++i) {
+    SCOPED_TRACE(Name(i));
+    const auto& t = header[Name(i)];
+    EXPECT_EQ(t["dtype"], "F32");
+    const std::vector<uint64_t> shape =
+        specs[i].shape.empty() ? std::vector<uint64_t>{kSizes[i]} : specs[i].shape;
+    EXPECT_EQ(t["shape"].get<std::vector<uint64_t>>(), shape);
+    const uint64_t begin = t["data_offsets"][0], stop = t["data_offsets"][1];
+    EXPECT_EQ(stop - begin, 4 * kSizes[i]);
+    end = std::max(end, stop);
+    ASSERT_LE(8 + header_size + stop, file.size());
+    EXPECT_EQ(std::memcmp(file.data() + 8 + header_size + begin, state[i].data(), 4 * kSizes[i]),
+              0);
+  }
+  EXPECT_EQ(8 + header_size + end, file.size());
+
+  // An existing output is kept without overwrite, replaced with it.
+  Status again = ExportSafetensors(ckpt, out);
+  EXPECT_EQ(again.code(), StatusCode::kAlreadyExists) << again;
+  EXPECT_TRUE(ExportSafetensors(ckpt, out, /*overwrite=*/true).ok());
+  // A damaged checkpoint: an error naming the parameter, and no output.
+  {
+    std::fstream f(ckpt + "/state.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(5);
+    f.put('\x11');
+  }
+  const std::string damaged_out = dir.File("damaged.safetensors");
+  Status damaged = ExportSafetensors(ckpt, damaged_out);
+  EXPECT_EQ(damaged.code(), StatusCode::kDataLoss) << damaged;
+  EXPECT_NE(damaged.message().find(Name(0)), std::string::npos) << damaged;
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    files += entry.path().filename().string().starts_with("damaged") ? 1 : 0;
+  }
+  EXPECT_EQ(files, 0);
+  // A shape that does not hold the elements is refused when registering.
+  specs[2].shape = {10, 99};
+  auto bad = OffloadEngine::Create(MakeConfig(c, swap.path()), specs, eo);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("shape [10, 99] (990 elements) but 1000"),
+            std::string::npos)
+      << bad.status();
 }
 
 // An engine dropped mid-step (gradients handed over, an update running on the worker) stops
