@@ -587,10 +587,18 @@ struct Run {
   std::vector<int64_t> steps;
 };
 
+// A checkpoint in the middle of Train: after step `after`, Save into `dir`, drop the engine,
+// put other values in the model, make a new engine from `config` and Load.
+struct Resume {
+  int after;
+  std::string dir;
+  Config config;
+};
+
 // kSteps steps of fixed gradients (they do not depend on the parameters, so every mode
 // applies the same updates; only when the model sees them differs), a schedule changing the
 // learning rate between steps; the model on the GPU when `gpu`, else in host memory.
-Run Train(const Config& config, bool gpu) {
+Run Train(const Config& config, bool gpu, const Resume* resume = nullptr) {
   Run run;
   Model model(7);
   std::vector<ParameterSpec> specs = model.Specs();
@@ -667,13 +675,34 @@ Run Train(const Config& config, bool gpu) {
       run.steps.push_back(stats->step);
       EXPECT_TRUE((*engine)->WaitParameters(stream).ok());
       run.visible.push_back(visible());
+      if (resume != nullptr && step == resume->after) {
+        EXPECT_TRUE((*engine)->Save(resume->dir).ok());
+        engine->reset();
+        const Model other(8);
+        for (size_t i = 0; i < kSizes.size(); ++i) {
+          std::copy(other.params[i].begin(), other.params[i].end(), model.params[i].begin());
+#if ZO_HAVE_CUDA
+          if (gpu) {
+            CUDA_EXPECT(cudaMemcpy(device[i], other.params[i].data(), 2 * kSizes[i],
+                                   cudaMemcpyHostToDevice));
+          }
+#endif
+        }
+        engine = OffloadEngine::Create(resume->config, specs, eo);
+        EXPECT_TRUE(engine.ok()) << engine.status();
+        if (!engine.ok()) return run;
+        const Status loaded = (*engine)->Load(resume->dir);
+        EXPECT_TRUE(loaded.ok()) << loaded;
+        EXPECT_TRUE((*engine)->WaitParameters(stream).ok());
+        EXPECT_EQ(visible(), run.visible.back());  // the model has the masters again
+      }
     }
     EXPECT_TRUE((*engine)->Flush(stream).ok());
     EXPECT_TRUE((*engine)->WaitParameters(stream).ok());
     run.flushed = visible();
     for (size_t i = 0; i < kSizes.size(); ++i) {
       std::vector<float> p(kSizes[i]);
-      std::vector<std::byte> m(AdamMomentBytes(StatePrecision::kFp32, kSizes[i]));
+      std::vector<std::byte> m(AdamMomentBytes(StatePrecision::kFp32, kSizes[i]));  // the largest
       std::vector<std::byte> v(m.size());
       EXPECT_TRUE((*engine)->ReadState(Name(i), p.data(), m.data(), v.data()).ok());
       run.masters.push_back(std::move(p));
@@ -728,6 +757,30 @@ void ExpectDelayedIsOneStepBehind(bool gpu) {
     }
   }
 }
+
+// A checkpoint mid-run (Save, a new engine over other values with the state in another home,
+// Load) changes nothing: the model after every step, the masters at the end, bit for bit.
+void ExpectResumeIsExact(bool gpu) {
+  for (StatePrecision precision :
+       {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+    for (int accumulation : {1, 2}) {
+      SCOPED_TRACE(StrCat(ToString(precision), ", accumulation ", accumulation));
+      TempDir swap, host_swap, ckpt;
+      const Config host =
+          MakeConfig(Case{accumulation, false, precision, "host"}, host_swap.path());
+      const Resume resume{kSteps / 2, ckpt.path() + "/ckpt",
+                          MakeConfig(Case{accumulation, false, precision, "nvme50"}, swap.path())};
+      const Run straight = Train(host, gpu);
+      const Run resumed = Train(host, gpu, &resume);
+      ASSERT_EQ(resumed.visible.size(), static_cast<size_t>(kSteps));
+      for (int t = 0; t < kSteps; ++t) EXPECT_EQ(resumed.visible[t], straight.visible[t]) << t;
+      EXPECT_EQ(resumed.masters, straight.masters);
+      EXPECT_EQ(resumed.norms, straight.norms);
+    }
+  }
+}
+
+TEST(EngineCheckpoint, ResumeMidRunIsBitIdentical) { ExpectResumeIsExact(false); }
 
 TEST(EngineOverlap, BackwardIsBitIdenticalToTheExactStep) { ExpectBackwardIsExact(false); }
 TEST(EngineOverlap, DelayedRunsOneStepBehindThenFlushes) { ExpectDelayedIsOneStepBehind(false); }
@@ -990,6 +1043,8 @@ TEST_F(EngineGpuOverlap, BackwardIsBitIdenticalToTheExactStep) { ExpectBackwardI
 TEST_F(EngineGpuOverlap, DelayedRunsOneStepBehindThenFlushes) {
   ExpectDelayedIsOneStepBehind(true);
 }
+using EngineGpuCheckpoint = EngineGpuOverlap;
+TEST_F(EngineGpuCheckpoint, ResumeMidRunIsBitIdentical) { ExpectResumeIsExact(true); }
 #endif  // ZO_HAVE_CUDA
 
 }  // namespace
