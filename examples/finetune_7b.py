@@ -152,7 +152,8 @@ def zoffload_config(args):
         "zero_optimization": {"stage": 2, "reduce_bucket_size": 50_000_000,
                               "offload_optimizer": {"device": "cpu", "pin_memory": True}},
         "zoffload": {"overlap": args.overlap, "optimizer_state": args.state,
-                     "delayed_warmup_steps": 1, "cpu_adam_threads": args.threads},
+                     "delayed_warmup_steps": 1, "cpu_adam_threads": args.threads,
+                     "trace_path": getattr(args, "trace", "")},
     }
 
 
@@ -195,6 +196,8 @@ def main():
     ap.add_argument("--state", default="fp32", choices=["fp32", "bf16", "int8"],
                     help="precision of Adam's moments (the masters are fp32 always)")
     ap.add_argument("--threads", type=int, default=0, help="CPU Adam threads (0: physical cores)")
+    ap.add_argument("--trace", default="",
+                    help="write the engine's timeline here (Perfetto; tools/trace_overlap.py)")
     args = ap.parse_args()
     meter = run_zoffload(args)
     meter.summary(host_bytes=meter.host_bytes)

@@ -52,6 +52,8 @@ std::string FirstFew(const std::vector<std::string>& items, std::string_view sep
 }
 
 constexpr const char* kEngineTrack = "engine";
+constexpr const char* kHandOverTrack = "gradients handed over";  // GradientReady calls
+constexpr const char* kWorkerTrack = "updates during backward";  // overlap "backward"
 
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -248,7 +250,12 @@ struct OffloadEngine::Impl : public ParamSink {
     }
     if (overlap == Overlap::kBackward && (item.tag & 1) != 0) {
       landed_bytes[i] += item.bytes;
-      if (landed_bytes[i] == p.bytes()) UpdateOne(i);
+      if (landed_bytes[i] == p.bytes()) {
+        const auto start = Clock::now();
+        UpdateOne(i);
+        if (Tracer* tracer = rt->tracer())
+          tracer->Record(kWorkerTrack, p.name, start, Clock::now());
+      }
     }
   }
 
@@ -668,6 +675,7 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
                                     DType dtype, void* stream) {
   Impl& e = *impl_;
   ZO_ASSIGN_OR_RETURN(Impl::Param * p, e.Find(name));
+  const auto start = Clock::now();
   if (dtype != p->dtype || elements != p->n || grad == nullptr) {
     return InvalidArgumentError(
         StrCat("gradient of '", p->name, "': ", elements, " ", ToString(dtype), " elements at ",
@@ -715,6 +723,7 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
   if (last) e.arrival.push_back(i);
   ++p->received;
   ++e.grads_in_window;
+  if (Tracer* tracer = e.rt->tracer()) tracer->Record(kHandOverTrack, p->name, start, Clock::now());
   return Status::Ok();
 }
 

@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""How much of the optimizer's update ran under backward, from an engine trace
+(zoffload.trace_path; Chrome trace-event JSON).
+
+Per step: the span of gradient hand-overs (GradientReady calls: the backward as the engine sees
+it), the update time spent on the worker before the last hand-over and after it, how long Step
+waited, and the delay from each parameter's hand-over to the start of its update (overlap
+"backward"). Usage: tools/trace_overlap.py TRACE.json
+"""
+import json
+import statistics
+import sys
+
+
+def main(path):
+    events = json.load(open(path))["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M"}
+    spans = {}
+    for e in events:
+        if e.get("ph") == "X":
+            spans.setdefault(tracks[e["tid"]], []).append(e)
+    for name in spans:
+        spans[name].sort(key=lambda e: e["ts"])
+    waits = [e for e in spans.get("engine", []) if e["name"] == "wait for gradients"]
+    handed = spans.get("gradients handed over", [])
+    updates = spans.get("updates during backward", [])
+    adam = [e for t, s in spans.items() if t.startswith("adam thread") for e in s]
+    print(f"{path}: {len(waits)} steps, {len(handed)} hand-overs, {len(updates)} updates "
+          f"on the worker")
+    begin = 0
+    for k, wait in enumerate(waits):
+        step_start = wait["ts"]
+        h = [e for e in handed if begin <= e["ts"] < step_start]
+        u = [e for e in updates if begin <= e["ts"] < step_start + wait["dur"]]
+        if not h:
+            begin = step_start + wait["dur"]
+            continue
+        first, last = h[0]["ts"], h[-1]["ts"] + h[-1]["dur"]
+        before = sum(max(0, min(e["ts"] + e["dur"], last) - e["ts"]) for e in u) / 1e6
+        after = sum(e["dur"] for e in u) / 1e6 - before
+        start_of = {e["name"]: e["ts"] for e in u}
+        delays = [(start_of[e["name"]] - (e["ts"] + e["dur"])) / 1e6 for e in h
+                  if e["name"] in start_of]
+        busy = sum(e["dur"] for e in adam if first <= e["ts"] < last) / 1e6
+        print(f"step {k + 1}: hand-overs over {(last - first) / 1e6:.3f} s, "
+              f"{sum(e['dur'] for e in h) / 1e6:.3f} s in GradientReady; updates {before:.3f} s "
+              f"before the last hand-over, {after:.3f} s after; Step waited "
+              f"{wait['dur'] / 1e6:.3f} s; Adam threads busy {busy:.3f} thread-s during "
+              f"backward" + (f"; hand-over to update start: median "
+                             f"{statistics.median(delays):.3f} s, max {max(delays):.3f} s"
+                             if delays else ""))
+        begin = step_start + wait["dur"]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
