@@ -702,7 +702,7 @@ Run Train(const Config& config, bool gpu, const Resume* resume = nullptr) {
     run.flushed = visible();
     for (size_t i = 0; i < kSizes.size(); ++i) {
       std::vector<float> p(kSizes[i]);
-      std::vector<std::byte> m(AdamMomentBytes(StatePrecision::kFp32, kSizes[i]));  // the largest
+      std::vector<std::byte> m(AdamMomentBytes(config.zoffload.optimizer_state, kSizes[i]));
       std::vector<std::byte> v(m.size());
       EXPECT_TRUE((*engine)->ReadState(Name(i), p.data(), m.data(), v.data()).ok());
       run.masters.push_back(std::move(p));
