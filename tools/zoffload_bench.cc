@@ -337,7 +337,8 @@ int NvmeMain(const std::vector<std::string>& args, bool short_defaults) {
   if (!records.ok()) return Fail(records.status());
   PrintNvmeTable(*records);
   const AioConfig aio = RecommendAio(*records);
-  std::printf("recommended aio config:\n%s", AioConfigJson(aio).c_str());
+  std::printf("recommended aio config: %s\n",
+              nlohmann::json::parse(AioConfigJson(aio)).dump().c_str());
   if (!json_path.empty()) {
     if (Status s = WriteJson(json_path, *records); !s.ok()) return Fail(s);
   }
@@ -364,6 +365,9 @@ Status WriteAdamJson(const std::string& path, const std::vector<AdamRecord>& rec
                     {"GBps", r.gbps},
                     {"ceiling_seconds", r.ceiling_seconds},
                     {"bandwidth_ratio", r.bandwidth_ratio},
+                    {"spread", r.spread},
+                    {"attempts", r.attempts},
+                    {"noisy", r.noisy},
                     {"target", r.target}});
   }
   return WriteTextFile(path, list.dump(2) + "\n");
@@ -440,11 +444,24 @@ int AdamMain(const std::vector<std::string>& args, bool short_defaults) {
   std::printf("\n%-8s %-6s %-6s %-6s %7s %10s %9s %9s %11s %8s\n", "rule", "grads", "state", "copy",
               "B/param", "s/step", "Gparam/s", "GB/s", "ceiling s", "ratio");
   for (const AdamRecord& r : *records) {
-    std::printf("%-8s %-6s %-6s %-6s %7.2f %10.4f %9.3f %9.1f %11.4f %8.3f\n",
+    std::printf("%-8s %-6s %-6s %-6s %7.2f %10.4f %9.3f %9.1f %11.4f %8.3f%s\n",
                 std::string(ToString(r.rule)).c_str(), std::string(ToString(r.grad_dtype)).c_str(),
                 std::string(ToString(r.state)).c_str(), std::string(ToString(r.copy)).c_str(),
                 r.bytes_per_param, r.seconds_per_step, r.gparams_per_s, r.gbps, r.ceiling_seconds,
-                r.bandwidth_ratio);
+                r.bandwidth_ratio,
+                r.noisy ? StrCat("  noisy: spread ", static_cast<int>(100 * r.spread + 0.5),
+                                 "% after ", r.attempts, " measurements")
+                              .c_str()
+                        : "");
+  }
+  for (const AdamRecord& r : *records) {
+    if (r.noisy) {
+      std::printf(
+          "noisy figures were disturbed (another process, frequency changes) even after %d "
+          "measurements: take them as rough, or rerun on a quiet machine\n",
+          kAdamAttempts);
+      break;
+    }
   }
   if (!records->empty()) {
     std::printf(

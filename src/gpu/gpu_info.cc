@@ -47,9 +47,24 @@ Result<int> UsableGpuCount() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    return CudaStatus(err, "cudaGetDeviceCount(&count)", __FILE__, __LINE__).WithContext("no GPU");
+    const Status s = CudaStatus(err, "cudaGetDeviceCount(&count)", __FILE__, __LINE__);
+    const int runtime = CudaRuntimeVersion();
+    std::string what;
+    switch (err) {
+      case cudaErrorInsufficientDriver:
+        what = StrCat("the NVIDIA driver is missing or older than this build's CUDA runtime ",
+                      runtime / 1000, ".", runtime % 1000 / 10,
+                      ": install a driver for it, or train in host mode");
+        break;
+      case cudaErrorNoDevice:
+        what = "no NVIDIA GPU was found (check nvidia-smi and CUDA_VISIBLE_DEVICES)";
+        break;
+      default:
+        what = s.message();
+    }
+    return Status(StatusCode::kFailedPrecondition, StrCat("no usable GPU: ", what));
   }
-  if (count == 0) return FailedPreconditionError("no GPU: the driver reports 0 devices");
+  if (count == 0) return FailedPreconditionError("no usable GPU: the driver reports 0 devices");
   return count;
 }
 

@@ -25,12 +25,12 @@ struct GpuReport {
   std::vector<GpuDeviceInfo> devices;
 };
 
-/// The number of usable GPUs; an error saying why when there are none ("no GPU: ...": no
+/// The number of usable GPUs; an error saying why when there are none ("no usable GPU: ...": no
 /// driver, no device).
 Result<int> UsableGpuCount();
 
 /// Asks the driver for every GPU. Without a usable driver or device the error says why
-/// (FAILED_PRECONDITION: "no GPU: ...").
+/// (FAILED_PRECONDITION: "no usable GPU: ...").
 Result<GpuReport> ProbeGpus();
 
 /// The PCI bus id of CUDA device `device`, lower case ("0000:3b:00.0"), as hwloc and sysfs

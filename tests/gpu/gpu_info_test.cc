@@ -8,7 +8,7 @@ namespace {
 TEST(GpuInfoTest, ReportsDevicesOrSaysWhyNot) {
   auto report = ProbeGpus();
   if (!report.ok()) {
-    EXPECT_NE(report.status().message().find("no GPU"), std::string::npos);
+    EXPECT_NE(report.status().message().find("no usable GPU"), std::string::npos);
     GTEST_SKIP() << report.status();
   }
   ASSERT_FALSE(report->devices.empty());
@@ -25,7 +25,7 @@ TEST(GpuInfoTest, ReportsDevicesOrSaysWhyNot) {
 TEST(GpuInfoTest, NoGpuIsAClearError) {
   auto count = UsableGpuCount();
   if (count.ok()) GTEST_SKIP() << "this machine has a GPU";
-  EXPECT_NE(count.status().message().find("no GPU"), std::string::npos) << count.status();
+  EXPECT_NE(count.status().message().find("no usable GPU"), std::string::npos) << count.status();
 }
 
 TEST(GpuInfoTest, NcclVersionParses) {

@@ -15,7 +15,7 @@ TEST(PinnedPoolTest, NoGpuIsAClearError) {
   if (UsableGpuCount().ok()) GTEST_SKIP() << "this machine has a GPU";
   auto pool = PinnedPool::Create({});
   ASSERT_FALSE(pool.ok());
-  EXPECT_NE(pool.status().message().find("no GPU"), std::string::npos) << pool.status();
+  EXPECT_NE(pool.status().message().find("no usable GPU"), std::string::npos) << pool.status();
 }
 
 TEST(PinnedPoolTest, AllocatesPinnedMemoryTheGpuCanCopy) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,17 @@ struct AdamBenchOptions {
   std::vector<ParamCopy> copies = {ParamCopy::kNone};
   std::vector<UpdateRule> rules = {UpdateRule::kAdam};  ///< int8 state: Adam only (others skip)
   int steps = 5;  ///< timed steps per setting (after one warm-up)
+  /// Test hook: runs inside the timed region of every bandwidth-ceiling pass of attempt
+  /// `attempt` (a test disturbs the ceiling with it).
+  std::function<void(int attempt)> inside_ceiling;
 };
+
+/// A figure is re-measured (up to kAdamAttempts times in all) when its ratio to the ceiling is
+/// implausible (Adam cannot move its bytes faster than the kernel that only moves them) or
+/// when its repeats spread too much; still so, it is marked noisy.
+inline constexpr double kMaxPlausibleRatio = 1.10;
+inline constexpr double kMaxSpread = 0.10;  ///< of the middle repeats, relative to the median
+inline constexpr int kAdamAttempts = 3;
 
 struct AdamRecord {
   uint64_t params = 0;
@@ -34,6 +45,9 @@ struct AdamRecord {
   double gbps = 0;
   double ceiling_seconds = 0;  ///< median of the bandwidth kernel on the same buffers
   double bandwidth_ratio = 0;  ///< ceiling_seconds / seconds_per_step
+  double spread = 0;           ///< the larger of Adam's and the ceiling's (see kMaxSpread)
+  int attempts = 1;            ///< measurements made (more than one: re-measured)
+  bool noisy = false;          ///< still implausible or spread after kAdamAttempts
   std::string target;
 };
 

@@ -81,6 +81,19 @@ Result<std::vector<std::string>> ParseWordList(std::string_view flag, std::strin
   return out;
 }
 
+std::string ShortSize(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (unit + 1 < std::size(kUnits) && value >= 1024) {
+    value /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.1f %s", value, kUnits[unit]);
+  return text;
+}
+
 std::string ShortBytes(uint64_t bytes) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   size_t unit = 0;
@@ -91,25 +104,61 @@ std::string ShortBytes(uint64_t bytes) {
   return StrCat(bytes, " ", kUnits[unit]);
 }
 
-Progress::Progress(std::string title, int total)
-    : title_(std::move(title)), total_(total), tty_(::isatty(STDERR_FILENO) != 0) {}
+Progress::Progress(std::string title, uint64_t total, bool bytes)
+    : title_(std::move(title)),
+      total_(std::max<uint64_t>(total, 1)),
+      bytes_(bytes),
+      tty_(::isatty(STDERR_FILENO) != 0),
+      next_print_(start_ + std::chrono::seconds(2)) {}
 
-void Progress::Step(const std::string& what) {
-  ++done_;
-  if (tty_) {
-    constexpr int kWidth = 30;
-    const int filled = total_ > 0 ? done_ * kWidth / total_ : kWidth;
-    std::fprintf(stderr, "\r%s [%s%s] %d/%d %-60.60s", title_.c_str(),
-                 std::string(filled, '#').c_str(), std::string(kWidth - filled, ' ').c_str(), done_,
-                 total_, what.c_str());
-  } else {
-    std::fprintf(stderr, "%s %d/%d: %s\n", title_.c_str(), done_, total_, what.c_str());
-  }
+Progress::~Progress() {
+  if (tty_ && last_draw_.time_since_epoch().count() != 0) std::fprintf(stderr, "\r\x1b[K");
   std::fflush(stderr);
 }
 
-void Progress::Done() {
-  if (tty_) std::fprintf(stderr, "\n");
+std::string Progress::Line(std::string_view what) const {
+  const double fraction = std::min(1.0, static_cast<double>(done_) / static_cast<double>(total_));
+  const double elapsed = SecondsSince(start_);
+  std::string line = StrCat(title_, " ");
+  if (tty_) {
+    constexpr int kWidth = 20;
+    const int filled = static_cast<int>(fraction * kWidth);
+    line += StrCat("[", std::string(filled, '#'), std::string(kWidth - filled, ' '), "] ");
+  }
+  line += StrCat(static_cast<int>(fraction * 100), "%");
+  if (bytes_) {
+    char rate[32];
+    std::snprintf(rate, sizeof(rate), "%.2f GB/s",
+                  elapsed > 0 ? static_cast<double>(done_) / elapsed / 1e9 : 0.0);
+    line += StrCat(" ", ShortSize(done_), " of ", ShortSize(total_), ", ", rate);
+  } else {
+    line += StrCat(" (", done_, " of ", total_, ")");
+  }
+  if (done_ > 0 && done_ < total_) {
+    const int left = static_cast<int>(elapsed / fraction - elapsed + 0.5);
+    char eta[32];
+    std::snprintf(eta, sizeof(eta), ", %d:%02d left", left / 60, left % 60);
+    line += eta;
+  }
+  if (!what.empty()) line += StrCat(": ", what);
+  return line;
+}
+
+void Progress::Advance(uint64_t units, std::string_view what) {
+  done_ += units;
+  const auto now = std::chrono::steady_clock::now();
+  if (tty_) {
+    if (now - last_draw_ < std::chrono::milliseconds(100) && done_ < total_) return;
+    last_draw_ = now;
+    std::string line = Line(what);
+    if (line.size() > 150) line.resize(150);
+    std::fprintf(stderr, "\r%s\x1b[K", line.c_str());
+  } else {
+    if (now < next_print_) return;
+    next_print_ = now + std::chrono::seconds(10);
+    std::fprintf(stderr, "%s\n", Line(what).c_str());
+  }
+  std::fflush(stderr);
 }
 
 double Median(std::vector<double> v) {

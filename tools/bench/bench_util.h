@@ -22,20 +22,36 @@ Result<std::vector<std::string>> ParseWordList(std::string_view flag, std::strin
 
 /// "4 MiB", "512 KiB", "1 GiB" for exact binary multiples; else bytes.
 std::string ShortBytes(uint64_t bytes);
+/// "1.5 GiB", "312.0 MiB": rounded, for progress lines.
+std::string ShortSize(uint64_t bytes);
 
-/// A progress bar on a terminal, one line per step otherwise (logs, CI).
+/// The progress of one phase, on stderr. On a terminal: one line redrawn in place ("nvme:
+/// laying out [#####     ] 48% 492 MiB of 1 GiB, 2.1 GB/s, 0:01 left: what"), cleared when the
+/// phase ends. Otherwise (a pipe, a log, CI): a plain line 2 s into the phase and every 10 s
+/// after, so a short phase prints nothing and a long one is seen alive. Results are the
+/// caller's to print.
 class Progress {
  public:
-  Progress(std::string title, int total);
-  /// Marks one more step done, with a description of what finished.
-  void Step(const std::string& what);
-  void Done();
+  /// `total` units of work: bytes when `bytes`, else steps.
+  Progress(std::string title, uint64_t total, bool bytes = false);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+  /// `units` more are done; `what` names what finished.
+  void Advance(uint64_t units, std::string_view what = "");
+  void Step(std::string_view what) { Advance(1, what); }
 
  private:
+  std::string Line(std::string_view what) const;
+
   std::string title_;
-  int total_;
-  int done_ = 0;
+  uint64_t total_;
+  bool bytes_;
   bool tty_;
+  uint64_t done_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point next_print_;  // plain lines: the next one is due then
+  std::chrono::steady_clock::time_point last_draw_;   // terminal: redrawn at most 10 times a s
 };
 
 /// What a run writes only to measure with: directories and files named after the process

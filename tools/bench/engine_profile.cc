@@ -339,7 +339,6 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
     progress.Step(StrCat("step ", r, ": ", seconds, " s"));
   }
   ZO_RETURN_IF_ERROR(engine->Flush(stream));  // overlap "delayed": the last update
-  progress.Done();
   rec.step_seconds = Median(steps);
   rec.grads_seconds = Median(grads_times);
   rec.update_seconds = Median(updates);

@@ -150,14 +150,19 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
         return StatusFromErrno(errno, StrCat("reserve ", per_path, " bytes in ", paths[i]));
       }
     }
-    std::fprintf(stderr, "nvme: preparing %s in %zu file(s)...\n", HumanBytes(size).c_str(),
-                 files.size());
-    ZO_RETURN_IF_ERROR(
-        engine
-            ->Submit(IoOp::kWrite,
-                     Layout(files, size, eo.aio.block_size, buffer.data(), buffer_size),
-                     "nvme bench layout")
-            .Wait());
+    // In batches of 64 blocks, for progress.
+    Progress layout("nvme: laying out the file(s)", size, /*bytes=*/true);
+    std::vector<IoSegment> all = Layout(files, size, eo.aio.block_size, buffer.data(), buffer_size);
+    for (size_t first = 0; first < all.size(); first += 64) {
+      std::vector<IoSegment> batch(
+          all.begin() + static_cast<ptrdiff_t>(first),
+          all.begin() + static_cast<ptrdiff_t>(std::min(first + 64, all.size())));
+      uint64_t bytes = 0;
+      for (const IoSegment& seg : batch) bytes += seg.length;
+      ZO_RETURN_IF_ERROR(
+          engine->Submit(IoOp::kWrite, std::move(batch), "nvme bench layout").Wait());
+      layout.Advance(bytes);
+    }
     for (int f : files) {
       if (::fsync(engine->fd(f)) != 0)
         return StatusFromErrno(errno, StrCat("fsync ", engine->path(f)));
@@ -211,7 +216,6 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
       }
     }
   }
-  progress.Done();
   return records;
 }
 

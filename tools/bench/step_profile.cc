@@ -183,13 +183,13 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
       grads.as<uint16_t>()[i] = static_cast<uint16_t>(0x3000 + (i * 2654435761u >> 20) % 0x800);
     }
   }
-  Progress init_progress(
-      StrCat("step: writing the initial state of ", HumanBytes(o.params), " params"), o.tensors);
-  for (int t = 0; t < o.tensors; ++t) {
-    ZO_RETURN_IF_ERROR(state->Write(t, init.as<float>()));
-    init_progress.Step(tensors[t].name);
+  {
+    Progress init_progress("step: writing the initial state", o.params * 12, /*bytes=*/true);
+    for (int t = 0; t < o.tensors; ++t) {
+      ZO_RETURN_IF_ERROR(state->Write(t, init.as<float>()));
+      init_progress.Advance(tensors[t].n * 12, tensors[t].name);
+    }
   }
-  init_progress.Done();
   std::vector<TensorGrads> tg(o.tensors,
                               TensorGrads{grads.data(), o.grad_dtype, copy.data(), o.copy});
 
@@ -199,28 +199,26 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   if (o.state_on == StateHome::kNvme) {
     ZO_ASSIGN_OR_RETURN(disk, DiskProbe::Create(temp.dirs().front(), o.aio,
                                                 state->swap()->reserved_bytes(), o.durable));
-    std::fprintf(stderr, "  disk alone: write %.2f GB/s, read %.2f GB/s\n", disk->write_gbps(),
-                 disk->read_gbps());
   }
   AdamHyper hyper;
   hyper.lr = 1e-4f;
   std::vector<double> times, io, mixed;
+  Progress progress("step: timing steps", o.steps + 1);
   for (int s = 0; s <= o.steps; ++s) {
     hyper.step = s + 1;
     ZO_ASSIGN_OR_RETURN(const AdamStepResult r, state->Step(tg, hyper));
     if (r.skipped) return InternalError("step: the benchmark's gradients overflowed");
     const double seconds = state->last_step().seconds;
-    std::fprintf(stderr, "  step %d: %.3f s%s", s, seconds, s == 0 ? " (warm-up)" : "");
+    std::string what = StrCat("step ", s, ": ", seconds, " s", s == 0 ? " (warm-up)" : "");
     if (s > 0) times.push_back(seconds);
     if (s > 0 && o.state_on == StateHome::kNvme) {
       ZO_ASSIGN_OR_RETURN(const StepStats pass, state->IoOnlyPass());
       io.push_back(pass.seconds);
       ZO_ASSIGN_OR_RETURN(const double gbps, disk->MixedGbps());
       mixed.push_back(gbps);
-      std::fprintf(stderr, "; I/O-only pass %.3f s; disk alone, reads and writes at once %.2f GB/s",
-                   pass.seconds, gbps);
+      what += StrCat("; I/O-only pass ", pass.seconds, " s");
     }
-    std::fprintf(stderr, "\n");
+    progress.Step(what);
   }
   rec.step_seconds = Median(times);
   rec.bytes_read = state->last_step().bytes_read;
