@@ -1,9 +1,10 @@
 // zoffload-report: what this machine and this build can do, every line checked by doing it.
 //
-//   zoffload-report [--json] [--path DIR ...]      environment report (table or JSON)
+//   zoffload-report [--json] [--path DIR ...]      verdicts, then the environment report
 //   zoffload-report --config FILE [--world-size N] config linter: exit 1 on errors
 #include <omp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "common/cpu_features.h"
 #include "common/strings.h"
 #include "common/topology.h"
+#include "report_verdicts.h"
 #include "swap/direct_io.h"
 #include "swap/io_ring.h"
 #include "zoffload/config.h"
@@ -246,11 +248,19 @@ int Main(int argc, char** argv) {
   for (const std::string& p : paths) path_list.push_back(PathSection(p, topology));
   report["paths"] = std::move(path_list);
   report["cuda"] = CudaSection(topology);
+  const std::vector<Verdict> verdicts = Verdicts(report);
   if (json) {
-    std::cout << report.dump(2) << "\n";
-  } else {
-    PrintTable(report);
+    Json out = {{"verdicts", ToJson(verdicts)}};
+    out.update(report);
+    std::cout << out.dump(2) << "\n";
+    return 0;
   }
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): single-threaded here
+  const bool color = ::isatty(STDOUT_FILENO) != 0 && std::getenv("NO_COLOR") == nullptr;
+  std::printf("zoffload on this machine:\n");
+  for (const Verdict& v : verdicts) std::printf("%s\n", FormatVerdict(v, color).c_str());
+  std::printf("\ndetails (--json for a machine-readable report):\n");
+  PrintTable(report);
   return 0;
 }
 

@@ -7,11 +7,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -228,6 +230,55 @@ TEST(ZoffloadBenchTest, StoppedRunsLeaveNoDebris) {
     EXPECT_NE(next.output.find("removed " + left), std::string::npos) << next.output;
     EXPECT_NE(next.output.find("left by an earlier run"), std::string::npos) << next.output;
     EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  }
+}
+
+// The default run, as the README's main command: at most one screen in a pipe and on a
+// terminal (run under script(1)), with progress drawn in place there.
+TEST(ZoffloadBenchTest, TheDefaultRunFitsOneScreen) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the full default run takes minutes under the sanitizers";
+#else
+  testing::TempDir dir;
+  const std::string in_dir = "cd " + dir.path() + " && ";
+  testing::CommandResult piped = testing::RunCommand(in_dir + ZO_BENCH_BIN + " 2>&1");
+  ASSERT_EQ(piped.exit_code, 0) << piped.output;
+  const auto lines = [](const std::string& text) {
+    return std::count(text.begin(), text.end(), '\n');
+  };
+  EXPECT_LE(lines(piped.output), 60) << piped.output;
+  EXPECT_EQ(piped.output.find('\r'), std::string::npos);  // no redrawing into a pipe
+  EXPECT_NE(piped.output.find("recommended aio config: {"), std::string::npos) << piped.output;
+  testing::CommandResult tty =
+      testing::RunCommand(in_dir + "script -qec " + ZO_BENCH_BIN + " /dev/null 2>&1");
+  ASSERT_EQ(tty.exit_code, 0) << tty.output;
+  EXPECT_LE(lines(tty.output), 60) << tty.output;
+  EXPECT_NE(tty.output.find("\radam ["), std::string::npos) << "no progress bar drawn";
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+#endif
+}
+
+// No message a user sees names a source file of zoffload: the error paths of the tools.
+TEST(ZoffloadBenchTest, UserMessagesNameNoSourceFiles) {
+  testing::TempDir dir;
+  const std::string bad = dir.File("bad.json");
+  std::ofstream(bad) << R"({"zero_optimization": {"stage": 7}})";
+  const std::vector<std::string> commands = {
+      StrCat(ZO_BENCH_BIN, " pcie"),
+      StrCat(ZO_BENCH_BIN, " kernels"),
+      StrCat(ZO_BENCH_BIN, " nvme --path /nonexistent-zoffload --size 1MiB"),
+      StrCat(ZO_BENCH_BIN, " engine --config ", bad),
+      StrCat(ZO_BENCH_BIN, " step --params 0"),
+      StrCat(ZO_REPORT_BIN),
+      StrCat(ZO_REPORT_BIN, " --config ", bad),
+      StrCat(ZO_REPORT_BIN, " --path /nonexistent-zoffload"),
+      StrCat(ZO_EXPORT_BIN, " /nonexistent-zoffload ", dir.File("out.safetensors")),
+  };
+  const std::regex source_location(R"([A-Za-z0-9_]+\.(cc|h|cu|cuh):[0-9]+)");
+  for (const std::string& command : commands) {
+    const testing::CommandResult r = testing::RunCommand(command + " 2>&1");
+    EXPECT_EQ(r.output.find(ZO_SOURCE_DIR), std::string::npos) << command << "\n" << r.output;
+    EXPECT_FALSE(std::regex_search(r.output, source_location)) << command << "\n" << r.output;
   }
 }
 

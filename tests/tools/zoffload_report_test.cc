@@ -42,11 +42,39 @@ TEST(ZoffloadReportTest, JsonReportHasEveryCheckedSection) {
   }
 }
 
-TEST(ZoffloadReportTest, TableIsTheDefault) {
+// Verdicts first, then the table; the memlock verdict follows the limit the tool runs under.
+TEST(ZoffloadReportTest, VerdictsLeadTheTable) {
   testing::CommandResult r = RunReport("");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("zoffload on this machine:\n  ", 0), 0u) << r.output;
+  for (const char* component : {"CPU Adam: ", "NVMe offload at .: ", "pinned memory: ", "GPU: "}) {
+    const size_t at = r.output.find(component);
+    EXPECT_NE(at, std::string::npos) << component;
+    EXPECT_LT(at, r.output.find("details")) << component;
+  }
+  EXPECT_EQ(r.output.find("\x1b["), std::string::npos);  // no colour into a pipe
   EXPECT_NE(r.output.find("io_uring.usable"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("simd.dispatch_target"), std::string::npos) << r.output;
+  const testing::CommandResult small =
+      testing::RunCommand(std::string("ulimit -l 64 && ") + ZO_REPORT_BIN + " 2>&1");
+  EXPECT_NE(small.output.find("limited  pinned memory: memlock limit 64.00 KiB"), std::string::npos)
+      << small.output;
+  // Raising the limit needs privilege (root here; elsewhere the raise fails and is skipped).
+  const testing::CommandResult big = testing::RunCommand(
+      std::string("ulimit -l unlimited 2>/dev/null && ") + ZO_REPORT_BIN + " 2>&1");
+  if (big.exit_code == 0) {
+    EXPECT_NE(big.output.find("ready    pinned memory: memlock limit unlimited"), std::string::npos)
+        << big.output;
+  }
+  const testing::CommandResult json = RunReport("--json", /*stdout_only=*/true);
+  const auto report = nlohmann::ordered_json::parse(json.output);
+  ASSERT_TRUE(report.contains("verdicts"));
+  EXPECT_EQ(report.begin().key(), "verdicts");
+  for (const auto& v : report["verdicts"]) {
+    for (const char* key : {"component", "status", "detail", "action"}) {
+      EXPECT_TRUE(v.contains(key)) << key;
+    }
+  }
 }
 
 TEST(ZoffloadReportTest, ConfigLinter) {
