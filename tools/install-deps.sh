@@ -6,7 +6,7 @@
 #   tools/install-deps.sh [--python]
 # --python also makes .venv/ (git-ignored) with what the Python module and its tests need from
 # PyPI (nanobind, scikit-build-core, numpy, pytest, torch, transformers, accelerate,
-# safetensors); the build then finds it there.
+# safetensors, matplotlib); the build then finds it there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,8 +47,9 @@ else
 fi
 
 if $python; then
-  wanted=(nanobind scikit-build-core numpy pytest "torch>=2.1" transformers accelerate safetensors)
-  if [ -x .venv/bin/python ] && .venv/bin/python -c "import nanobind, numpy, pytest, torch, transformers, accelerate, safetensors" 2>/dev/null; then
+  wanted=(nanobind scikit-build-core numpy pytest "torch>=2.1" transformers accelerate safetensors
+          matplotlib)
+  if [ -x .venv/bin/python ] && .venv/bin/python -c "import nanobind, numpy, pytest, torch, transformers, accelerate, safetensors, matplotlib" 2>/dev/null; then
     echo "install-deps: .venv has the Python packages"
   else
     echo "install-deps: making .venv with ${wanted[*]} (torch from PyPI: a few GB, a few minutes)"

@@ -242,7 +242,9 @@ void PrintNvmeTable(const std::vector<NvmeRecord>& records) {
   }
 }
 
-Status WriteJson(const std::string& path, const std::vector<NvmeRecord>& records) {
+// Each record, with "recommended" marking the setting of the recommended aio block.
+Status WriteJson(const std::string& path, const std::vector<NvmeRecord>& records,
+                 const AioConfig& aio) {
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const NvmeRecord& r : records) {
     list.push_back({{"profile", "nvme"},
@@ -258,7 +260,10 @@ Status WriteJson(const std::string& path, const std::vector<NvmeRecord>& records
                     {"direct", r.direct},
                     {"in_ram", r.in_ram},
                     {"backend", r.backend},
-                    {"registered", r.registered}});
+                    {"registered", r.registered},
+                    {"recommended", static_cast<int64_t>(r.block_size) == aio.block_size &&
+                                        r.queue_depth == aio.queue_depth &&
+                                        r.threads == aio.intra_op_parallelism}});
   }
   return WriteTextFile(path, list.dump(2) + "\n");
 }
@@ -340,7 +345,7 @@ int NvmeMain(const std::vector<std::string>& args, bool short_defaults) {
   std::printf("recommended aio config: %s\n",
               nlohmann::json::parse(AioConfigJson(aio)).dump().c_str());
   if (!json_path.empty()) {
-    if (Status s = WriteJson(json_path, *records); !s.ok()) return Fail(s);
+    if (Status s = WriteJson(json_path, *records, aio); !s.ok()) return Fail(s);
   }
   if (!aio_out.empty()) {
     if (Status s = WriteTextFile(aio_out, AioConfigJson(aio)); !s.ok()) return Fail(s);
