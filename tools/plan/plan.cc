@@ -1,0 +1,209 @@
+#include "plan/plan.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/strings.h"
+#include "zoffload/cpu_adam.h"
+
+namespace zoffload::internal::plan {
+namespace {
+
+struct Named {
+  const char* name;
+  uint64_t vocab, hidden, intermediate, layers, heads, kv_heads;
+};
+
+constexpr Named kNamed[] = {
+    {"llama-7b", 32000, 4096, 11008, 32, 32, 32},
+    {"llama-13b", 32000, 5120, 13824, 40, 40, 40},
+    {"llama-70b", 32000, 8192, 28672, 80, 64, 8},
+    {"llama3-8b", 128256, 4096, 14336, 32, 32, 8},
+};
+
+int PrecisionIndex(StatePrecision p) {
+  return p == StatePrecision::kFp32 ? 0 : p == StatePrecision::kBf16 ? 1 : 2;
+}
+
+}  // namespace
+
+uint64_t LlamaParams(const ModelShape& m) {
+  const uint64_t kv = m.heads > 0 ? m.hidden * m.kv_heads / m.heads : m.hidden;
+  const uint64_t layer =
+      2 * m.hidden * m.hidden + 2 * m.hidden * kv + 3 * m.hidden * m.intermediate + 2 * m.hidden;
+  return m.vocab * m.hidden * (m.tied ? 1 : 2) + m.layers * layer + m.hidden;
+}
+
+ModelShape ModelOfParams(uint64_t params) {
+  ModelShape m;
+  m.name = StrCat(params, " parameters");
+  m.params = params;
+  return m;
+}
+
+Result<ModelShape> ModelNamed(const std::string& name) {
+  for (const Named& n : kNamed) {
+    if (name == n.name) {
+      ModelShape m{n.name, n.vocab, n.hidden, n.intermediate, n.layers, n.heads, n.kv_heads};
+      m.params = LlamaParams(m);
+      return m;
+    }
+  }
+  std::ifstream in(name);
+  if (!in) {
+    const Named* nearest = &kNamed[0];
+    for (const Named& n : kNamed) {
+      if (EditDistance(name, n.name) < EditDistance(name, nearest->name)) nearest = &n;
+    }
+    std::string known;
+    for (const Named& n : kNamed) known += StrCat(known.empty() ? "" : ", ", n.name);
+    return NotFoundError(StrCat("model '", name, "' is neither a known shape (", known,
+                                ") nor a readable config.json; did you mean '", nearest->name,
+                                "'?"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return InvalidArgumentError(StrCat(name, ": not a JSON object"));
+  ModelShape m;
+  m.name = name;
+  auto size = [&](const char* key, uint64_t* out) -> Status {
+    if (!j.contains(key) || !j[key].is_number_unsigned()) {
+      return InvalidArgumentError(StrCat(name, ": '", key,
+                                         "' missing or not a positive integer (a Llama-shaped "
+                                         "HuggingFace config.json is expected)"));
+    }
+    *out = j[key].get<uint64_t>();
+    return Status::Ok();
+  };
+  ZO_RETURN_IF_ERROR(size("vocab_size", &m.vocab));
+  ZO_RETURN_IF_ERROR(size("hidden_size", &m.hidden));
+  ZO_RETURN_IF_ERROR(size("intermediate_size", &m.intermediate));
+  ZO_RETURN_IF_ERROR(size("num_hidden_layers", &m.layers));
+  ZO_RETURN_IF_ERROR(size("num_attention_heads", &m.heads));
+  m.kv_heads = j.contains("num_key_value_heads") && j["num_key_value_heads"].is_number_unsigned()
+                   ? j["num_key_value_heads"].get<uint64_t>()
+                   : m.heads;
+  m.tied = j.value("tie_word_embeddings", false);
+  m.params = LlamaParams(m);
+  return m;
+}
+
+Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c, const Speeds& s) {
+  Estimate e;
+  e.candidate = c;
+  const uint64_t p = m.params;
+  // GPU.
+  e.gpu_params = 2 * p;
+  e.gpu_ring = std::min<uint64_t>(2 * 2 * w.bucket_elements, 2 * p);
+  if (m.hidden > 0) {
+    const uint64_t bs = w.batch * w.sequence;
+    const uint64_t logits = 10 * bs * m.vocab;
+    e.gpu_activations = w.checkpointing ? m.layers * 2 * bs * m.hidden +
+                                              2 * bs * (4 * m.hidden + 3 * m.intermediate) + logits
+                                        : m.layers * 34 * bs * m.hidden + logits;
+  }
+  e.gpu_bytes = e.gpu_params + e.gpu_ring + e.gpu_activations;
+  // Host and NVMe.
+  const uint64_t state = 4 * p + 2 * AdamMomentBytes(c.state, p);
+  const auto on_nvme = static_cast<uint64_t>(static_cast<double>(state) * c.nvme_ratio);
+  e.host_state = state - on_nvme;
+  e.host_grads = w.accumulation > 1 ? 6 * p : 2 * p;
+  e.host_bytes = e.host_state + e.host_grads + kProcessBytes;
+  e.nvme_bytes = 2 * on_nvme;
+  // Step time.
+  const double rate = s.adam_gparams[PrecisionIndex(c.state)];
+  if (rate > 0) e.adam_seconds = static_cast<double>(p) / (rate * 1e9);
+  if (on_nvme > 0 && s.nvme_read_gbps > 0 && s.nvme_write_gbps > 0) {
+    e.io_seconds = static_cast<double>(on_nvme) / (s.nvme_read_gbps * 1e9) +
+                   static_cast<double>(on_nvme) / (s.nvme_write_gbps * 1e9);
+  }
+  const bool io_known = on_nvme == 0 || e.io_seconds > 0;
+  if (rate > 0 && s.fwd_bwd_seconds > 0 && io_known) {
+    const double f = s.fwd_bwd_seconds;
+    const double slow = c.overlap == Overlap::kNone ? 1.0 : kOverlapSlowdown;
+    const double update = std::max(e.adam_seconds * slow, e.io_seconds);
+    const std::string cpu = update > e.io_seconds || e.io_seconds == 0 ? "CPU Adam" : "NVMe";
+    switch (c.overlap) {
+      case Overlap::kNone:
+        e.step_seconds = f + update;
+        e.bound = StrCat("GPU and ", cpu, " in turn");
+        break;
+      case Overlap::kBackward:
+        e.step_seconds = f * (1 - kBackwardShare) + std::max(f * kBackwardShare, update);
+        e.bound = f * kBackwardShare >= update ? "GPU (backward)" : cpu;
+        break;
+      case Overlap::kDelayed:
+        e.step_seconds = std::max(f, update);
+        e.bound = f >= update ? "GPU (forward+backward)" : cpu;
+        break;
+    }
+  }
+  return e;
+}
+
+Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files) {
+  Speeds s;
+  for (const std::string& file : files) {
+    std::ifstream in(file);
+    if (!in) return NotFoundError(StrCat("--bench-json ", file, ": cannot be read"));
+    std::stringstream text;
+    text << in.rdbuf();
+    const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json* records = &j;
+    if (j.is_object() && j.contains("results")) records = &j["results"];  // bench/finetune_7b.py
+    if (!records->is_array()) {
+      return InvalidArgumentError(
+          StrCat("--bench-json ", file, ": not a list of zoffload-bench records"));
+    }
+    for (const auto& r : *records) {
+      if (!r.is_object()) continue;
+      const std::string profile = r.value("profile", "");
+      if (profile == "adam" && r.value("rule", "") == "adam") {
+        for (StatePrecision p :
+             {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+          if (r.value("state", "") == ToString(p) && r.value("param_copy", "") == "bf16") {
+            double& rate = s.adam_gparams[PrecisionIndex(p)];
+            rate = std::max(rate, r.value("Gparams_per_s", 0.0));
+          }
+        }
+      } else if (profile == "engine" && r.value("state", "") != "") {
+        const double rate = r.value("adam_alone_gparams", 0.0);
+        for (StatePrecision p :
+             {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+          if (r.value("state", "") == ToString(p) && rate > 0) {
+            s.adam_gparams[PrecisionIndex(p)] = rate;
+          }
+        }
+      } else if (profile == "nvme") {
+        const double gbps = r.value("GBps", 0.0);
+        double& best = r.value("op", "") == "read" ? s.nvme_read_gbps : s.nvme_write_gbps;
+        best = std::max(best, gbps);
+      } else if (r.value("system", "") == "fwd_bwd") {
+        s.fwd_bwd_seconds = r.value("seconds_per_step", 0.0);
+      } else if (r.value("system", "").starts_with("zoffload:none:") && r.contains("steps")) {
+        // CPU Adam inside the exact step (it runs alone there): the median past the warm-up.
+        std::vector<double> adam;
+        for (const auto& step : r["steps"]) {
+          if (step.value("step", 0) > 2) adam.push_back(step.value("adam_seconds", 0.0));
+        }
+        if (adam.empty()) continue;
+        std::sort(adam.begin(), adam.end());
+        const double seconds = adam[adam.size() / 2];
+        const std::string state = r["system"].get<std::string>().substr(14);
+        for (StatePrecision p :
+             {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+          if (state == ToString(p) && seconds > 0) {
+            s.adam_gparams[PrecisionIndex(p)] = r.value("params", 0.0) / seconds / 1e9;
+          }
+        }
+      }
+    }
+  }
+  return s;
+}
+
+}  // namespace zoffload::internal::plan

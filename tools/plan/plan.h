@@ -1,0 +1,84 @@
+// zoffload-plan's model: what a training run through the OffloadEngine holds in each tier
+// (GPU, host, NVMe) and how long its step takes, for a model shape and this machine's speeds.
+//
+// Memory (bytes; P parameters, b x s tokens per micro-batch, world size 1):
+// - GPU: the bf16 parameters (2P), zoffload's gradient ring (two buckets of
+//   reduce_bucket_size elements, 2 bytes each, capped at 2P), and the activations: with
+//   gradient checkpointing each layer's input (2bsh) plus one layer recomputed (2bs(4h + 3i))
+//   and the logits in bf16, fp32 and their gradient (10bsV); without it, 34bsh per layer (the
+//   stored tensors of a transformer layer with fused attention) plus the logits.
+// - host: the fp32 master (4P) and Adam's moments (fp32 8P, bf16 4P, int8 2P + scales) on the
+//   host share (1 - ratio), the gradient buffers (accumulation 1: 2P, the gradient in place;
+//   more: 4P fp32 sums + 2P landing), the process itself (kProcessBytes: torch and CUDA).
+// - NVMe: the NVMe share of the state, twice (the optimizer state keeps two copies).
+// Step time (seconds), from the forward+backward time F (backward is kBackwardShare of it), CPU
+// Adam's rate for the layout, and NVMe's rate for the NVMe share:
+// - none: F + Adam; backward: F(1 - kBackwardShare) + max(F kBackwardShare, k Adam);
+//   delayed: max(F, k Adam), where k = kOverlapSlowdown is Adam's slowdown when it runs beside
+//   the training loop (measured on the H200, docs/PERF.md). NVMe state adds its I/O where the
+//   pipeline cannot hide it: max(Adam, I/O) replaces Adam.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zoffload/config.h"
+#include "zoffload/status.h"
+
+namespace zoffload::internal::plan {
+
+inline constexpr double kBackwardShare = 0.75;  // of forward+backward, with checkpointing
+inline constexpr double kOverlapSlowdown = 1.2;
+inline constexpr uint64_t kProcessBytes = uint64_t{3} << 29;  // 1.5 GiB: torch, CUDA context
+
+struct ModelShape {
+  std::string name;
+  uint64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0;
+  bool tied = false;  ///< input and output embeddings shared
+  uint64_t params = 0;
+};
+
+/// A named shape ("llama-7b", "llama-13b", "llama-70b", "llama3-8b"), a HuggingFace
+/// config.json, or (when `params` > 0) just a parameter count. Unknown names are an error that
+/// suggests the nearest one.
+Result<ModelShape> ModelNamed(const std::string& name_or_config);
+ModelShape ModelOfParams(uint64_t params);
+/// The parameters of a Llama-shaped model.
+uint64_t LlamaParams(const ModelShape& m);
+
+struct Workload {
+  uint64_t batch = 4, sequence = 2048;
+  int accumulation = 1;
+  bool checkpointing = true;
+  uint64_t bucket_elements = 50'000'000;  ///< reduce_bucket_size
+};
+
+struct Candidate {
+  Overlap overlap = Overlap::kNone;
+  StatePrecision state = StatePrecision::kFp32;
+  double nvme_ratio = 0;  ///< share of the optimizer state on NVMe (0: all in host memory)
+};
+
+struct Speeds {
+  double fwd_bwd_seconds = 0;          ///< the GPU's forward + backward of one step; 0: unknown
+  double adam_gparams[3] = {0, 0, 0};  ///< CPU Adam per state precision (fp32, bf16, int8)
+  double nvme_read_gbps = 0, nvme_write_gbps = 0;
+};
+
+struct Estimate {
+  Candidate candidate;
+  uint64_t gpu_bytes = 0, host_bytes = 0, nvme_bytes = 0;
+  uint64_t gpu_params = 0, gpu_ring = 0, gpu_activations = 0;
+  uint64_t host_state = 0, host_grads = 0;
+  double adam_seconds = 0, io_seconds = 0, step_seconds = 0;  ///< 0: a speed is unknown
+  std::string bound;  ///< "GPU (forward+backward)", "CPU Adam", "NVMe"
+};
+
+Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c, const Speeds& s);
+
+/// Speeds read from zoffload-bench JSON files (adam, nvme, engine) and bench/finetune_7b.py's
+/// JSON (its fwd_bwd system gives F); later files override earlier ones.
+Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files);
+
+}  // namespace zoffload::internal::plan

@@ -1,0 +1,261 @@
+// zoffload-plan: will this model fit here, with which config, and how fast — memory per tier
+// for every candidate config, the step time from this machine's measured speeds, and the
+// fastest config that fits, as a ds_config the parser accepts (tools/plan/plan.h has the model).
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/strings.h"
+#include "plan/plan.h"
+#include "zoffload/config.h"
+
+namespace zoffload::internal::plan {
+namespace {
+
+constexpr const char* kUsage =
+    "usage: zoffload-plan (--model NAME|CONFIG.json | --params N) --gpu-mem SIZE\n"
+    "                     [--host-mem SIZE] [--nvme DIR ...] [--batch B] [--seq S]\n"
+    "                     [--accumulation N] [--no-checkpointing] [--bench-json FILE ...]\n"
+    "                     [--json OUT]\n"
+    "  --model        llama-7b, llama-13b, llama-70b, llama3-8b, or a HuggingFace config.json\n"
+    "  --gpu-mem      the GPU memory the run may use (e.g. 24GiB)\n"
+    "  --host-mem     host memory it may use (default: this machine's)\n"
+    "  --nvme DIR     NVMe directories for optimizer state (their free space counts)\n"
+    "  --bench-json   speeds: zoffload-bench adam/nvme/engine JSON, bench/finetune_7b.py JSON\n"
+    "                 (its fwd_bwd system gives the GPU's forward+backward time)\n"
+    "  --json OUT     every estimate and the advice as JSON\n";
+
+struct Row {
+  Estimate e;
+  bool fits = false;
+  std::string why;  // what does not fit
+};
+
+std::string Gib(uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.1f", static_cast<double>(bytes) / (1 << 30));
+  return text;
+}
+
+std::string ConfigJson(const Candidate& c, const std::vector<std::string>& nvme,
+                       const Workload& w) {
+  nlohmann::ordered_json offload = {{"device", c.nvme_ratio > 0 ? "nvme" : "cpu"}};
+  if (c.nvme_ratio > 0) {
+    offload["nvme_path"] = nvme.front();
+    offload["ratio"] = c.nvme_ratio;
+  }
+  nlohmann::ordered_json j = {
+      {"gradient_accumulation_steps", w.accumulation},
+      {"bf16", {{"enabled", true}}},
+      {"zero_optimization",
+       {{"stage", 2}, {"reduce_bucket_size", w.bucket_elements}, {"offload_optimizer", offload}}},
+      {"zoffload", {{"overlap", ToString(c.overlap)}, {"optimizer_state", ToString(c.state)}}}};
+  return j.dump(2);
+}
+
+int Fail(const std::string& message, int code = 1) {
+  std::fprintf(stderr, "zoffload-plan: %s\n", message.c_str());
+  return code;
+}
+
+int Main(int argc, char** argv) {
+  std::string model_arg, json_out;
+  uint64_t params = 0, gpu_mem = 0, host_mem = 0;
+  std::vector<std::string> nvme, bench;
+  Workload w;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "zoffload-plan: %s needs a value\n%s", a.c_str(), kUsage);
+        std::exit(2);  // NOLINT(concurrency-mt-unsafe): argument parsing
+      }
+      return argv[++i];
+    };
+    auto size = [&](uint64_t* out) -> bool {
+      const std::string v = value();
+      if (!ParseByteSize(v, out) || *out == 0) {
+        std::fprintf(stderr, "zoffload-plan: %s: '%s' is not a size such as 24GiB\n", a.c_str(),
+                     v.c_str());
+        return false;
+      }
+      return true;
+    };
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--model") {
+      model_arg = value();
+    } else if (a == "--params") {
+      if (!size(&params)) return 2;
+    } else if (a == "--gpu-mem") {
+      if (!size(&gpu_mem)) return 2;
+    } else if (a == "--host-mem") {
+      if (!size(&host_mem)) return 2;
+    } else if (a == "--nvme") {
+      nvme.push_back(value());
+    } else if (a == "--bench-json") {
+      bench.push_back(value());
+    } else if (a == "--json") {
+      json_out = value();
+    } else if (a == "--batch") {
+      if (!size(&w.batch)) return 2;
+    } else if (a == "--seq") {
+      if (!size(&w.sequence)) return 2;
+    } else if (a == "--accumulation") {
+      uint64_t n = 0;
+      if (!size(&n)) return 2;
+      w.accumulation = static_cast<int>(std::min<uint64_t>(n, 1 << 20));
+    } else if (a == "--no-checkpointing") {
+      w.checkpointing = false;
+    } else {
+      std::fprintf(stderr, "zoffload-plan: unknown argument '%s'\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+  }
+  if (model_arg.empty() == (params == 0)) {
+    return Fail(StrCat("give --model or --params (one of them)\n", kUsage), 2);
+  }
+  if (gpu_mem == 0) return Fail(StrCat("--gpu-mem is needed\n", kUsage), 2);
+  ModelShape model;
+  if (params > 0) {
+    model = ModelOfParams(params);
+  } else {
+    auto named = ModelNamed(model_arg);
+    if (!named.ok()) return Fail(named.status().message());
+    model = *named;
+  }
+  if (host_mem == 0) {
+    host_mem = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+               static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  }
+  uint64_t nvme_free = 0;
+  for (const std::string& dir : nvme) {
+    struct statvfs st {};
+    if (::statvfs(dir.c_str(), &st) != 0) return Fail(StrCat("--nvme ", dir, ": cannot be read"));
+    nvme_free += static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  }
+  auto speeds = SpeedsFromJson(bench);
+  if (!speeds.ok()) return Fail(speeds.status().message());
+
+  std::vector<Row> rows;
+  for (Overlap overlap : {Overlap::kNone, Overlap::kBackward, Overlap::kDelayed}) {
+    for (StatePrecision state :
+         {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+      for (double ratio : {0.0, 0.5, 1.0}) {
+        if (ratio > 0 && (nvme.empty() || overlap != Overlap::kNone)) continue;
+        Row r;
+        r.e = EstimateRun(model, w, {overlap, state, ratio}, *speeds);
+        std::vector<std::string> short_of;
+        if (r.e.gpu_bytes > gpu_mem) {
+          short_of.push_back(StrCat("GPU ", Gib(r.e.gpu_bytes), " > ", Gib(gpu_mem), " GiB"));
+        }
+        if (r.e.host_bytes > host_mem) {
+          short_of.push_back(StrCat("host ", Gib(r.e.host_bytes), " > ", Gib(host_mem), " GiB"));
+        }
+        if (r.e.nvme_bytes > nvme_free) {
+          short_of.push_back(StrCat("NVMe ", Gib(r.e.nvme_bytes), " > ", Gib(nvme_free), " GiB"));
+        }
+        r.fits = short_of.empty();
+        for (const std::string& s : short_of) r.why += StrCat(r.why.empty() ? "" : ", ", s);
+        rows.push_back(std::move(r));
+      }
+    }
+  }
+  // Fitting first, then by step time (unknown last), exact modes and wider state first on ties.
+  std::stable_sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) {
+    if (a.fits != b.fits) return a.fits;
+    const double ta = a.e.step_seconds > 0 ? a.e.step_seconds : 1e30;
+    const double tb = b.e.step_seconds > 0 ? b.e.step_seconds : 1e30;
+    return ta < tb;
+  });
+  std::printf("%s: %.2fB parameters; batch %llu x %llu tokens, accumulation %d, checkpointing %s\n",
+              model.name.c_str(), static_cast<double>(model.params) / 1e9,
+              static_cast<unsigned long long>(w.batch), static_cast<unsigned long long>(w.sequence),
+              w.accumulation, w.checkpointing ? "on" : "off");
+  std::printf("capacity: GPU %s GiB, host %s GiB, NVMe %s GiB free\n\n", Gib(gpu_mem).c_str(),
+              Gib(host_mem).c_str(), Gib(nvme_free).c_str());
+  std::printf("%-9s %-5s %5s %8s %8s %8s %8s  %s\n", "overlap", "state", "nvme", "GPU GiB",
+              "host GiB", "NVMe GiB", "s/step", "bound / what does not fit");
+  for (const Row& r : rows) {
+    const Candidate& c = r.e.candidate;
+    std::printf("%-9s %-5s %5.2f %8s %8s %8s %8s  %s\n", std::string(ToString(c.overlap)).c_str(),
+                std::string(ToString(c.state)).c_str(), c.nvme_ratio, Gib(r.e.gpu_bytes).c_str(),
+                Gib(r.e.host_bytes).c_str(), Gib(r.e.nvme_bytes).c_str(),
+                r.e.step_seconds > 0
+                    ? StrCat(static_cast<int>(r.e.step_seconds * 1000) / 1000.0).c_str()
+                    : "?",
+                r.fits ? r.e.bound.c_str() : StrCat("does not fit: ", r.why).c_str());
+  }
+  nlohmann::ordered_json out = {{"model", model.name}, {"params", model.params}};
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
+  for (const Row& r : rows) {
+    list.push_back({{"overlap", ToString(r.e.candidate.overlap)},
+                    {"optimizer_state", ToString(r.e.candidate.state)},
+                    {"nvme_ratio", r.e.candidate.nvme_ratio},
+                    {"gpu_bytes", r.e.gpu_bytes},
+                    {"host_bytes", r.e.host_bytes},
+                    {"nvme_bytes", r.e.nvme_bytes},
+                    {"step_seconds", r.e.step_seconds},
+                    {"bound", r.e.bound},
+                    {"fits", r.fits},
+                    {"does_not_fit", r.why}});
+  }
+  out["candidates"] = std::move(list);
+  int rc = 0;
+  if (!rows.front().fits) {
+    // Nothing fits: say by how much the smallest is short, and what would help.
+    const Row* least = &rows.front();
+    for (const Row& r : rows) {
+      if (r.e.host_bytes + r.e.gpu_bytes < least->e.host_bytes + least->e.gpu_bytes) least = &r;
+    }
+    std::string help;
+    if (least->e.gpu_params > gpu_mem) {
+      help = StrCat("; the bf16 parameters alone take ", Gib(least->e.gpu_params),
+                    " GiB of GPU memory: that needs ZeRO-3 parameter offload, which zoffload "
+                    "does not have yet");
+    } else if (least->e.gpu_bytes > gpu_mem) {
+      help = "; less GPU memory: a smaller --batch or --seq, or gradient checkpointing";
+    } else if (nvme.empty()) {
+      help = "; give --nvme DIR to put the optimizer state on NVMe";
+    }
+    std::printf("\nnothing fits: the smallest (%s state%s) needs %s%s\n",
+                std::string(ToString(least->e.candidate.state)).c_str(),
+                least->e.candidate.nvme_ratio > 0 ? ", all on NVMe" : "", least->why.c_str(),
+                help.c_str());
+    out["advice"] = nullptr;
+    rc = 1;
+  } else {
+    const Row& best = rows.front();
+    const std::string config = ConfigJson(best.e.candidate, nvme, w);
+    if (auto parsed = ParseConfig(config); !parsed.ok()) {
+      return Fail(
+          StrCat("internal: the advised config does not parse: ", parsed.status().message()));
+    }
+    std::printf("\nadvice: overlap %s, %s state%s%s\n%s\n",
+                std::string(ToString(best.e.candidate.overlap)).c_str(),
+                std::string(ToString(best.e.candidate.state)).c_str(),
+                best.e.candidate.nvme_ratio > 0 ? ", on NVMe" : ", in host memory",
+                best.e.step_seconds > 0 ? "" : " (no speeds given: --bench-json for step times)",
+                config.c_str());
+    out["advice"] = nlohmann::ordered_json::parse(config);
+  }
+  if (!json_out.empty()) {
+    std::ofstream f(json_out);
+    f << out.dump(2) << "\n";
+    if (!f) return Fail(StrCat("--json ", json_out, ": cannot be written"));
+  }
+  return rc;
+}
+
+}  // namespace
+}  // namespace zoffload::internal::plan
+
+int main(int argc, char** argv) { return zoffload::internal::plan::Main(argc, argv); }
