@@ -6,6 +6,7 @@
 #include <cmath>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -51,8 +52,9 @@ TEST(PlanTest, MemoryByHand) {
   // Activations of a tiny Llama shape, checkpointed: 2bsh per layer, one layer recomputed,
   // the logits 10bsV.
   ModelShape tiny{"tiny", 100, 8, 16, 2, 2, 2};
-  tiny.params = LlamaParams(tiny);
+  CountLlama(tiny);
   EXPECT_EQ(tiny.params, 2u * 100 * 8 + 2 * (2 * 64 + 2 * 64 + 3 * 8 * 16 + 16) + 8);
+  EXPECT_EQ(tiny.tensors, 2u * 9 + 3);
   w.batch = 1;
   w.sequence = 4;
   e = EstimateRun(tiny, w, {Overlap::kNone, StatePrecision::kFp32, 0}, {});
@@ -76,12 +78,23 @@ TEST(PlanTest, StepTimeByMode) {
   const Estimate delayed = EstimateRun(m, w, {Overlap::kDelayed, StatePrecision::kFp32, 0}, s);
   EXPECT_DOUBLE_EQ(delayed.step_seconds, 2.0 * kOverlapSlowdown);
   EXPECT_EQ(delayed.bound, "CPU Adam");
-  // NVMe: its reads and writes bound the update when slower than Adam.
+  // NVMe: its reads and writes bound the update when slower than Adam; at the mixed rate
+  // when known, else read then write.
   s.nvme_read_gbps = s.nvme_write_gbps = 1.0;
   const Estimate nvme = EstimateRun(m, w, {Overlap::kNone, StatePrecision::kFp32, 1.0}, s);
   EXPECT_DOUBLE_EQ(nvme.io_seconds, 2 * 24.0);
   EXPECT_DOUBLE_EQ(nvme.step_seconds, 1.0 + 48.0);
   EXPECT_EQ(nvme.bound, "GPU and NVMe in turn");
+  s.nvme_mixed_gbps = 4.0;
+  EXPECT_DOUBLE_EQ(EstimateRun(m, w, {Overlap::kNone, StatePrecision::kFp32, 1.0}, s).io_seconds,
+                   2 * 24.0 / 4);
+  // The hand-over of each tensor's gradient lengthens the backward.
+  ModelShape shaped = m;
+  shaped.tensors = 1000;
+  s.adam_gparams[0] = 100.0;  // Adam hidden: the GPU bounds
+  EXPECT_DOUBLE_EQ(
+      EstimateRun(shaped, w, {Overlap::kDelayed, StatePrecision::kFp32, 0}, s).step_seconds,
+      1.0 + 1000 * kHandOverSeconds);
   // Without speeds, no time.
   EXPECT_EQ(EstimateRun(m, w, {Overlap::kNone, StatePrecision::kFp32, 0}, {}).step_seconds, 0.0);
 }
@@ -113,6 +126,17 @@ TEST(PlanTest, EstimatesMatchThe7BRunsOnTheH200) {
       SCOPED_TRACE(StrCat(run.files.back(), " ", ToString(measured.overlap)));
       EXPECT_LE(std::abs(e.step_seconds / measured.seconds - 1), 0.15) << e.step_seconds;
     }
+  }
+  // NVMe state (zoffload-bench step, all state on NVMe): the I/O estimate against the step.
+  for (const auto& [file, params, state, measured] :
+       {std::tuple{"step_nvme_12GiB_h200.json", 1073741824ull, StatePrecision::kFp32, 10.417},
+        std::tuple{"step_nvme_bf16_1G_h200.json", 1073741824ull, StatePrecision::kBf16, 7.257},
+        std::tuple{"step_nvme_int8_1G_h200.json", 1073741824ull, StatePrecision::kInt8, 5.525},
+        std::tuple{"step_nvme_1.5GiB_dev2core.json", 134217728ull, StatePrecision::kFp32, 1.203}}) {
+    auto speeds = SpeedsFromJson({perf + file});
+    ASSERT_TRUE(speeds.ok()) << speeds.status();
+    const Estimate e = EstimateRun(ModelOfParams(params), w, {Overlap::kNone, state, 1.0}, *speeds);
+    EXPECT_LE(std::abs(e.io_seconds / measured - 1), 0.15) << file << ": " << e.io_seconds;
   }
   // Memory, every mode alike: GPU peak 17.98 GiB; host peak 89.7 GiB (fp32), 64.6 GiB (bf16).
   const double gib = 1 << 30;

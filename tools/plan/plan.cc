@@ -30,11 +30,13 @@ int PrecisionIndex(StatePrecision p) {
 
 }  // namespace
 
-uint64_t LlamaParams(const ModelShape& m) {
+void CountLlama(ModelShape& m) {
   const uint64_t kv = m.heads > 0 ? m.hidden * m.kv_heads / m.heads : m.hidden;
   const uint64_t layer =
       2 * m.hidden * m.hidden + 2 * m.hidden * kv + 3 * m.hidden * m.intermediate + 2 * m.hidden;
-  return m.vocab * m.hidden * (m.tied ? 1 : 2) + m.layers * layer + m.hidden;
+  m.params = m.vocab * m.hidden * (m.tied ? 1 : 2) + m.layers * layer + m.hidden;
+  // q, k, v, o, gate, up, down and two norms per layer; the embeddings and the final norm.
+  m.tensors = 9 * m.layers + (m.tied ? 2 : 3);
 }
 
 ModelShape ModelOfParams(uint64_t params) {
@@ -48,7 +50,7 @@ Result<ModelShape> ModelNamed(const std::string& name) {
   for (const Named& n : kNamed) {
     if (name == n.name) {
       ModelShape m{n.name, n.vocab, n.hidden, n.intermediate, n.layers, n.heads, n.kv_heads};
-      m.params = LlamaParams(m);
+      CountLlama(m);
       return m;
     }
   }
@@ -88,7 +90,7 @@ Result<ModelShape> ModelNamed(const std::string& name) {
                    ? j["num_key_value_heads"].get<uint64_t>()
                    : m.heads;
   m.tied = j.value("tie_word_embeddings", false);
-  m.params = LlamaParams(m);
+  CountLlama(m);
   return m;
 }
 
@@ -117,28 +119,31 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   // Step time.
   const double rate = s.adam_gparams[PrecisionIndex(c.state)];
   if (rate > 0) e.adam_seconds = static_cast<double>(p) / (rate * 1e9);
-  if (on_nvme > 0 && s.nvme_read_gbps > 0 && s.nvme_write_gbps > 0) {
-    e.io_seconds = static_cast<double>(on_nvme) / (s.nvme_read_gbps * 1e9) +
-                   static_cast<double>(on_nvme) / (s.nvme_write_gbps * 1e9);
+  const auto moved = static_cast<double>(on_nvme);
+  if (on_nvme > 0 && s.nvme_mixed_gbps > 0) {
+    e.io_seconds = 2 * moved / (s.nvme_mixed_gbps * 1e9);
+  } else if (on_nvme > 0 && s.nvme_read_gbps > 0 && s.nvme_write_gbps > 0) {
+    e.io_seconds = moved / (s.nvme_read_gbps * 1e9) + moved / (s.nvme_write_gbps * 1e9);
   }
   const bool io_known = on_nvme == 0 || e.io_seconds > 0;
   if (rate > 0 && s.fwd_bwd_seconds > 0 && io_known) {
     const double f = s.fwd_bwd_seconds;
+    const double h = kHandOverSeconds * static_cast<double>(m.tensors);
     const double slow = c.overlap == Overlap::kNone ? 1.0 : kOverlapSlowdown;
     const double update = std::max(e.adam_seconds * slow, e.io_seconds);
     const std::string cpu = update > e.io_seconds || e.io_seconds == 0 ? "CPU Adam" : "NVMe";
     switch (c.overlap) {
       case Overlap::kNone:
-        e.step_seconds = f + update;
+        e.step_seconds = f + h + update;
         e.bound = StrCat("GPU and ", cpu, " in turn");
         break;
       case Overlap::kBackward:
-        e.step_seconds = f * (1 - kBackwardShare) + std::max(f * kBackwardShare, update);
-        e.bound = f * kBackwardShare >= update ? "GPU (backward)" : cpu;
+        e.step_seconds = f * (1 - kBackwardShare) + std::max(f * kBackwardShare + h, update);
+        e.bound = f * kBackwardShare + h >= update ? "GPU (backward)" : cpu;
         break;
       case Overlap::kDelayed:
-        e.step_seconds = std::max(f, update);
-        e.bound = f >= update ? "GPU (forward+backward)" : cpu;
+        e.step_seconds = std::max(f + h, update);
+        e.bound = f + h >= update ? "GPU (forward+backward)" : cpu;
         break;
     }
   }
@@ -178,6 +183,10 @@ Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files) {
             s.adam_gparams[PrecisionIndex(p)] = rate;
           }
         }
+      } else if (profile == "step" && r.value("state_on", "") == "nvme") {
+        s.nvme_read_gbps = r.value("read_GBps", 0.0);
+        s.nvme_write_gbps = r.value("write_GBps", 0.0);
+        s.nvme_mixed_gbps = r.value("mixed_GBps", 0.0);
       } else if (profile == "nvme") {
         const double gbps = r.value("GBps", 0.0);
         double& best = r.value("op", "") == "read" ? s.nvme_read_gbps : s.nvme_write_gbps;

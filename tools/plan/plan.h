@@ -15,8 +15,10 @@
 // Adam's rate for the layout, and NVMe's rate for the NVMe share:
 // - none: F + Adam; backward: F(1 - kBackwardShare) + max(F kBackwardShare, k Adam);
 //   delayed: max(F, k Adam), where k = kOverlapSlowdown is Adam's slowdown when it runs beside
-//   the training loop (measured on the H200, docs/PERF.md). NVMe state adds its I/O where the
-//   pipeline cannot hide it: max(Adam, I/O) replaces Adam.
+//   the training loop (measured on the H200, docs/PERF.md). The gradients' hand-over adds
+//   kHandOverSeconds per tensor to the backward (H). NVMe state adds its I/O where the
+//   pipeline cannot hide it: max(Adam, I/O) replaces Adam; the I/O moves the NVMe share's
+//   bytes in and out at the disk's mixed read+write rate (or read, then write).
 #pragma once
 
 #include <cstdint>
@@ -31,12 +33,14 @@ namespace zoffload::internal::plan {
 inline constexpr double kBackwardShare = 0.75;  // of forward+backward, with checkpointing
 inline constexpr double kOverlapSlowdown = 1.2;
 inline constexpr uint64_t kProcessBytes = uint64_t{3} << 29;  // 1.5 GiB: torch, CUDA context
+inline constexpr double kHandOverSeconds = 0.6e-3;  // per tensor: GradientReady on the loop
 
 struct ModelShape {
   std::string name;
   uint64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0;
   bool tied = false;  ///< input and output embeddings shared
   uint64_t params = 0;
+  uint64_t tensors = 0;  ///< parameter tensors (0: unknown)
 };
 
 /// A named shape ("llama-7b", "llama-13b", "llama-70b", "llama3-8b"), a HuggingFace
@@ -44,8 +48,8 @@ struct ModelShape {
 /// suggests the nearest one.
 Result<ModelShape> ModelNamed(const std::string& name_or_config);
 ModelShape ModelOfParams(uint64_t params);
-/// The parameters of a Llama-shaped model.
-uint64_t LlamaParams(const ModelShape& m);
+/// The parameters and parameter tensors of a Llama-shaped model (fills params and tensors).
+void CountLlama(ModelShape& m);
 
 struct Workload {
   uint64_t batch = 4, sequence = 2048;
@@ -64,6 +68,7 @@ struct Speeds {
   double fwd_bwd_seconds = 0;          ///< the GPU's forward + backward of one step; 0: unknown
   double adam_gparams[3] = {0, 0, 0};  ///< CPU Adam per state precision (fp32, bf16, int8)
   double nvme_read_gbps = 0, nvme_write_gbps = 0;
+  double nvme_mixed_gbps = 0;  ///< reads and writes at once (zoffload-bench step); 0: unknown
 };
 
 struct Estimate {
@@ -77,8 +82,9 @@ struct Estimate {
 
 Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c, const Speeds& s);
 
-/// Speeds read from zoffload-bench JSON files (adam, nvme, engine) and bench/finetune_7b.py's
-/// JSON (its fwd_bwd system gives F); later files override earlier ones.
+/// Speeds read from zoffload-bench JSON files (adam, nvme, step, engine) and
+/// bench/finetune_7b.py's JSON (its fwd_bwd system gives F, its exact zoffload system CPU
+/// Adam's rate); later files override earlier ones.
 Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files);
 
 }  // namespace zoffload::internal::plan
