@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,13 +24,14 @@ constexpr const char* kUsage =
     "usage: zoffload-plan (--model NAME|CONFIG.json | --params N) --gpu-mem SIZE\n"
     "                     [--host-mem SIZE] [--nvme DIR ...] [--batch B] [--seq S]\n"
     "                     [--accumulation N] [--no-checkpointing] [--bench-json FILE ...]\n"
-    "                     [--json OUT]\n"
+    "                     [--config DS.json] [--json OUT]\n"
     "  --model        llama-7b, llama-13b, llama-70b, llama3-8b, or a HuggingFace config.json\n"
     "  --gpu-mem      the GPU memory the run may use (e.g. 24GiB)\n"
     "  --host-mem     host memory it may use (default: this machine's)\n"
     "  --nvme DIR     NVMe directories for optimizer state (their free space counts)\n"
     "  --bench-json   speeds: zoffload-bench adam/nvme/engine JSON, bench/finetune_7b.py JSON\n"
     "                 (its fwd_bwd system gives the GPU's forward+backward time)\n"
+    "  --config FILE  also estimate this config (its workload, offload target, overlap, state)\n"
     "  --json OUT     every estimate and the advice as JSON\n";
 
 struct Row {
@@ -66,7 +68,7 @@ int Fail(const std::string& message, int code = 1) {
 }
 
 int Main(int argc, char** argv) {
-  std::string model_arg, json_out;
+  std::string model_arg, json_out, config_path;
   uint64_t params = 0, gpu_mem = 0, host_mem = 0;
   std::vector<std::string> nvme, bench;
   Workload w;
@@ -105,6 +107,8 @@ int Main(int argc, char** argv) {
       bench.push_back(value());
     } else if (a == "--json") {
       json_out = value();
+    } else if (a == "--config") {
+      config_path = value();
     } else if (a == "--batch") {
       if (!size(&w.batch)) return 2;
     } else if (a == "--seq") {
@@ -145,27 +149,56 @@ int Main(int argc, char** argv) {
   auto speeds = SpeedsFromJson(bench);
   if (!speeds.ok()) return Fail(speeds.status().message());
 
+  // A given config: its workload settings, and its own candidate estimated first.
+  std::optional<Candidate> given;
+  if (!config_path.empty()) {
+    auto config = LoadConfigFile(config_path);
+    if (!config.ok()) return Fail(config.status().message());
+    w.accumulation = static_cast<int>(config->gradient_accumulation_steps.value_or(1));
+    w.bucket_elements = static_cast<uint64_t>(config->zero_optimization.reduce_bucket_size);
+    const auto& oo = config->zero_optimization.offload_optimizer;
+    if (oo.device != OffloadDevice::kCpu && oo.device != OffloadDevice::kNvme) {
+      return Fail(StrCat(config_path,
+                         ": zero_optimization.offload_optimizer.device is not cpu or nvme; "
+                         "zoffload-plan estimates offloaded optimizers only"));
+    }
+    given = Candidate{config->zoffload.overlap, config->zoffload.optimizer_state,
+                      oo.device == OffloadDevice::kNvme ? oo.ratio : 0.0};
+    if (given->nvme_ratio > 0 && nvme.empty()) {
+      nvme = config->zoffload.nvme_paths.empty() ? std::vector<std::string>{oo.nvme_path}
+                                                 : config->zoffload.nvme_paths;
+      for (const std::string& dir : nvme) {
+        struct statvfs st {};
+        if (::statvfs(dir.c_str(), &st) == 0) {
+          nvme_free += static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+        }
+      }
+    }
+  }
+  auto row_of = [&](const Candidate& c) {
+    Row r;
+    r.e = EstimateRun(model, w, c, *speeds);
+    std::vector<std::string> short_of;
+    if (r.e.gpu_bytes > gpu_mem) {
+      short_of.push_back(StrCat("GPU ", Gib(r.e.gpu_bytes), " > ", Gib(gpu_mem), " GiB"));
+    }
+    if (r.e.host_bytes > host_mem) {
+      short_of.push_back(StrCat("host ", Gib(r.e.host_bytes), " > ", Gib(host_mem), " GiB"));
+    }
+    if (r.e.nvme_bytes > nvme_free) {
+      short_of.push_back(StrCat("NVMe ", Gib(r.e.nvme_bytes), " > ", Gib(nvme_free), " GiB"));
+    }
+    r.fits = short_of.empty();
+    for (const std::string& s : short_of) r.why += StrCat(r.why.empty() ? "" : ", ", s);
+    return r;
+  };
   std::vector<Row> rows;
   for (Overlap overlap : {Overlap::kNone, Overlap::kBackward, Overlap::kDelayed}) {
     for (StatePrecision state :
          {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
       for (double ratio : {0.0, 0.5, 1.0}) {
         if (ratio > 0 && (nvme.empty() || overlap != Overlap::kNone)) continue;
-        Row r;
-        r.e = EstimateRun(model, w, {overlap, state, ratio}, *speeds);
-        std::vector<std::string> short_of;
-        if (r.e.gpu_bytes > gpu_mem) {
-          short_of.push_back(StrCat("GPU ", Gib(r.e.gpu_bytes), " > ", Gib(gpu_mem), " GiB"));
-        }
-        if (r.e.host_bytes > host_mem) {
-          short_of.push_back(StrCat("host ", Gib(r.e.host_bytes), " > ", Gib(host_mem), " GiB"));
-        }
-        if (r.e.nvme_bytes > nvme_free) {
-          short_of.push_back(StrCat("NVMe ", Gib(r.e.nvme_bytes), " > ", Gib(nvme_free), " GiB"));
-        }
-        r.fits = short_of.empty();
-        for (const std::string& s : short_of) r.why += StrCat(r.why.empty() ? "" : ", ", s);
-        rows.push_back(std::move(r));
+        rows.push_back(row_of({overlap, state, ratio}));
       }
     }
   }
@@ -195,6 +228,24 @@ int Main(int argc, char** argv) {
                 r.fits ? r.e.bound.c_str() : StrCat("does not fit: ", r.why).c_str());
   }
   nlohmann::ordered_json out = {{"model", model.name}, {"params", model.params}};
+  if (given) {
+    const Row r = row_of(*given);
+    std::printf(
+        "\n%s: overlap %s, %s state%s: GPU %s GiB, host %s GiB, NVMe %s GiB, %s; %s\n",
+        config_path.c_str(), std::string(ToString(given->overlap)).c_str(),
+        std::string(ToString(given->state)).c_str(),
+        given->nvme_ratio > 0 ? StrCat(", ", given->nvme_ratio, " on NVMe").c_str() : "",
+        Gib(r.e.gpu_bytes).c_str(), Gib(r.e.host_bytes).c_str(), Gib(r.e.nvme_bytes).c_str(),
+        r.e.step_seconds > 0 ? StrCat(r.e.step_seconds, " s/step").c_str() : "step time unknown",
+        r.fits ? "fits" : StrCat("does not fit: ", r.why).c_str());
+    out["config"] = {{"path", config_path},
+                     {"gpu_bytes", r.e.gpu_bytes},
+                     {"host_bytes", r.e.host_bytes},
+                     {"nvme_bytes", r.e.nvme_bytes},
+                     {"step_seconds", r.e.step_seconds},
+                     {"fits", r.fits},
+                     {"does_not_fit", r.why}};
+  }
   nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const Row& r : rows) {
     list.push_back({{"overlap", ToString(r.e.candidate.overlap)},
@@ -243,7 +294,9 @@ int Main(int argc, char** argv) {
                 std::string(ToString(best.e.candidate.overlap)).c_str(),
                 std::string(ToString(best.e.candidate.state)).c_str(),
                 best.e.candidate.nvme_ratio > 0 ? ", on NVMe" : ", in host memory",
-                best.e.step_seconds > 0 ? "" : " (no speeds given: --bench-json for step times)",
+                best.e.step_seconds > 0 ? ""
+                                        : " (its step time is unknown: --bench-json with a "
+                                          "zoffload-bench adam run for this state precision)",
                 config.c_str());
     out["advice"] = nlohmann::ordered_json::parse(config);
   }

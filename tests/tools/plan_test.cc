@@ -169,6 +169,16 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
                           "give --nvme DIR"),
             std::string::npos)
       << r.output;
+  // A given config is estimated too, with what does not fit.
+  std::ofstream(dir.File("ds.json")) << R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu"}}, "zoffload": {"optimizer_state": "bf16"}})";
+  r = testing::RunCommand(tool + " --model llama-7b --gpu-mem 24GiB --host-mem 64GiB --config " +
+                          dir.File("ds.json") + " 2>&1");
+  EXPECT_NE(r.output.find(dir.File("ds.json") + ": overlap none, bf16 state: GPU 17.9 GiB, "
+                                                "host 64.3 GiB"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("does not fit: host 64.3 > 64.0 GiB"), std::string::npos) << r.output;
   r = testing::RunCommand(tool + " --model llama-13 --gpu-mem 24GiB 2>&1");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("did you mean 'llama-13b'?"), std::string::npos) << r.output;
