@@ -169,12 +169,13 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
                           "give --nvme DIR"),
             std::string::npos)
       << r.output;
-  // A given config is estimated too, with what does not fit.
+  // A given config is estimated too, with what does not fit (its default reduce_bucket_size,
+  // 5e8 elements, makes the gradient ring 1.86 GiB).
   std::ofstream(dir.File("ds.json")) << R"({"zero_optimization": {"stage": 2,
       "offload_optimizer": {"device": "cpu"}}, "zoffload": {"optimizer_state": "bf16"}})";
   r = testing::RunCommand(tool + " --model llama-7b --gpu-mem 24GiB --host-mem 64GiB --config " +
                           dir.File("ds.json") + " 2>&1");
-  EXPECT_NE(r.output.find(dir.File("ds.json") + ": overlap none, bf16 state: GPU 17.9 GiB, "
+  EXPECT_NE(r.output.find(dir.File("ds.json") + ": overlap none, bf16 state: GPU 19.6 GiB, "
                                                 "host 64.3 GiB"),
             std::string::npos)
       << r.output;
