@@ -8,12 +8,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
-#include <regex>
 #include <set>
 #include <thread>
 
@@ -200,16 +200,35 @@ void RemoveFreeing(const std::string& path) {
   FsyncDirectory(std::filesystem::path(path).parent_path().string()).IgnoreError();
 }
 
+// The pid in a scratch name ("zoffload-<profile>-<pid>-XXXXXX" or "zoffload-<profile>-<pid>.tmp",
+// profile in lower-case letters), or 0 for any other name.
+pid_t ScratchPid(const std::string& name) {
+  const std::string prefix = "zoffload-";
+  if (!name.starts_with(prefix)) return 0;
+  size_t i = prefix.size();
+  const size_t profile = i;
+  while (i < name.size() && name[i] >= 'a' && name[i] <= 'z') ++i;
+  if (i == profile || i >= name.size() || name[i] != '-') return 0;
+  const size_t digits = ++i;
+  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])) != 0) ++i;
+  if (i == digits || i - digits > 9) return 0;
+  const std::string rest = name.substr(i);
+  const bool temp_dir =
+      rest.size() == 7 && rest[0] == '-' && std::all_of(rest.begin() + 1, rest.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) != 0;
+      });
+  if (rest != ".tmp" && !temp_dir) return 0;
+  return static_cast<pid_t>(std::stol(name.substr(digits, i - digits)));
+}
+
 // Removes what runs that are no longer running left in `parent` (their scratch names carry
 // their pid), saying what and how much.
 void RemoveDebris(const std::string& parent) {
-  static const std::regex kName(R"(zoffload-[a-z]+-([0-9]+)(-[A-Za-z0-9]{6}|\.tmp))");
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(parent, ec)) {
     const std::string name = entry.path().filename().string();
-    std::smatch m;
-    if (!std::regex_match(name, m, kName)) continue;
-    const pid_t pid = static_cast<pid_t>(std::strtol(m[1].str().c_str(), nullptr, 10));
+    const pid_t pid = ScratchPid(name);
+    if (pid == 0) continue;
     if (pid == ::getpid() || ProcessRunning(pid)) continue;
     uint64_t bytes = 0;
     std::error_code size_ec;
