@@ -15,8 +15,8 @@
 // Adam's rate for the layout, and NVMe's rate for the NVMe share:
 // - none: F + Adam; backward: F(1 - kBackwardShare) + max(F kBackwardShare, k Adam);
 //   delayed: max(F, k Adam), where k = kOverlapSlowdown is Adam's slowdown when it runs beside
-//   the training loop (measured on the H200, docs/PERF.md). The gradients' hand-over adds
-//   kHandOverSeconds per tensor to the backward (H). NVMe state adds its I/O where the
+//   the training loop (measured on the H200, docs/PERF.md). Each parameter tensor adds
+//   kHandOverSeconds to the backward (H: hooks, copies and uploads around the step). NVMe state adds its I/O where the
 //   pipeline cannot hide it: max(Adam, I/O) replaces Adam; the I/O moves the NVMe share's
 //   bytes in and out at the disk's mixed read+write rate (or read, then write).
 #pragma once
@@ -33,7 +33,9 @@ namespace zoffload::internal::plan {
 inline constexpr double kBackwardShare = 0.75;  // of forward+backward, with checkpointing
 inline constexpr double kOverlapSlowdown = 1.2;
 inline constexpr uint64_t kProcessBytes = uint64_t{3} << 29;  // 1.5 GiB: torch, CUDA context
-inline constexpr double kHandOverSeconds = 0.6e-3;  // per tensor: GradientReady on the loop
+// Per parameter tensor: what a step takes beyond forward+backward and the update (the hooks,
+// the last gradients' copy, the last uploads); fitted on the 7B runs, not a measured phase.
+inline constexpr double kHandOverSeconds = 0.6e-3;
 
 struct ModelShape {
   std::string name;
