@@ -13,24 +13,33 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bench/adam_profile.h"
+#include "bench/bench_util.h"
+#include "bench/nvme_profile.h"
+#include "build_info.h"
 #include "common/strings.h"
 #include "plan/plan.h"
 #include "zoffload/config.h"
+#if ZO_HAVE_CUDA
+#include "gpu/gpu_info.h"
+#endif
 
 namespace zoffload::internal::plan {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: zoffload-plan (--model NAME|CONFIG.json | --params N) --gpu-mem SIZE\n"
+    "usage: zoffload-plan (--model NAME|CONFIG.json | --params N) [--gpu-mem SIZE]\n"
     "                     [--host-mem SIZE] [--nvme DIR ...] [--batch B] [--seq S]\n"
     "                     [--accumulation N] [--no-checkpointing] [--bench-json FILE ...]\n"
-    "                     [--config DS.json] [--json OUT]\n"
+    "                     [--measure] [--config DS.json] [--json OUT]\n"
     "  --model        llama-7b, llama-13b, llama-70b, llama3-8b, or a HuggingFace config.json\n"
-    "  --gpu-mem      the GPU memory the run may use (e.g. 24GiB)\n"
+    "  --gpu-mem      the GPU memory the run may use (e.g. 24GiB; default: GPU 0's)\n"
     "  --host-mem     host memory it may use (default: this machine's)\n"
     "  --nvme DIR     NVMe directories for optimizer state (their free space counts)\n"
     "  --bench-json   speeds: zoffload-bench adam/nvme/engine JSON, bench/finetune_7b.py JSON\n"
     "                 (its fwd_bwd system gives the GPU's forward+backward time)\n"
+    "  --measure      measure CPU Adam (each state precision) and the --nvme disks here, in\n"
+    "                 short runs (the GPU's forward+backward still comes from --bench-json)\n"
     "  --config FILE  also estimate this config (its workload, offload target, overlap, state)\n"
     "  --json OUT     every estimate and the advice as JSON\n";
 
@@ -62,6 +71,36 @@ std::string ConfigJson(const Candidate& c, const std::vector<std::string>& nvme,
   return j.dump(2);
 }
 
+// Short runs of zoffload-bench's profiles: CPU Adam for each state precision (bf16 gradients
+// and parameter copy, as the engine updates), and the NVMe directories (1 GiB, 1 MiB blocks).
+Status Measure(const std::vector<std::string>& nvme, Speeds* speeds) {
+  std::fprintf(stderr, "measuring CPU Adam (fp32, bf16, int8 state)%s...\n",
+               nvme.empty() ? "" : " and the NVMe directories");
+  bench::AdamBenchOptions adam;
+  adam.params = uint64_t{64} << 20;
+  adam.grad_dtypes = {DType::kBf16};
+  adam.states = {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8};
+  adam.copies = {ParamCopy::kBf16};
+  ZO_ASSIGN_OR_RETURN(const std::vector<bench::AdamRecord> records, bench::RunAdamBench(adam));
+  for (const bench::AdamRecord& r : records) {
+    const int i = r.state == StatePrecision::kFp32 ? 0 : r.state == StatePrecision::kBf16 ? 1 : 2;
+    speeds->adam_gparams[i] = r.gparams_per_s;
+  }
+  if (!nvme.empty()) {
+    bench::NvmeBenchOptions o;
+    o.paths = nvme;
+    o.size = uint64_t{1} << 30;
+    o.block_sizes = {1 << 20};
+    o.queue_depths = {32};
+    o.threads = {2};
+    ZO_ASSIGN_OR_RETURN(const std::vector<bench::NvmeRecord> disk, bench::RunNvmeBench(o));
+    for (const bench::NvmeRecord& r : disk) {
+      (r.op == "read" ? speeds->nvme_read_gbps : speeds->nvme_write_gbps) = r.gbps;
+    }
+  }
+  return Status::Ok();
+}
+
 int Fail(const std::string& message, int code = 1) {
   std::fprintf(stderr, "zoffload-plan: %s\n", message.c_str());
   return code;
@@ -69,6 +108,7 @@ int Fail(const std::string& message, int code = 1) {
 
 int Main(int argc, char** argv) {
   std::string model_arg, json_out, config_path;
+  bool measure = false;
   uint64_t params = 0, gpu_mem = 0, host_mem = 0;
   std::vector<std::string> nvme, bench;
   Workload w;
@@ -109,6 +149,8 @@ int Main(int argc, char** argv) {
       json_out = value();
     } else if (a == "--config") {
       config_path = value();
+    } else if (a == "--measure") {
+      measure = true;
     } else if (a == "--batch") {
       if (!size(&w.batch)) return 2;
     } else if (a == "--seq") {
@@ -127,7 +169,17 @@ int Main(int argc, char** argv) {
   if (model_arg.empty() == (params == 0)) {
     return Fail(StrCat("give --model or --params (one of them)\n", kUsage), 2);
   }
-  if (gpu_mem == 0) return Fail(StrCat("--gpu-mem is needed\n", kUsage), 2);
+  if (gpu_mem == 0) {
+#if ZO_HAVE_CUDA
+    if (auto gpus = ProbeGpus(); gpus.ok() && !gpus->devices.empty()) {
+      gpu_mem = gpus->devices.front().total_bytes;
+    }
+#endif
+    if (gpu_mem == 0) {
+      return Fail(StrCat("no usable GPU here to take the capacity from: give --gpu-mem\n", kUsage),
+                  2);
+    }
+  }
   ModelShape model;
   if (params > 0) {
     model = ModelOfParams(params);
@@ -148,6 +200,9 @@ int Main(int argc, char** argv) {
   }
   auto speeds = SpeedsFromJson(bench);
   if (!speeds.ok()) return Fail(speeds.status().message());
+  if (measure) {
+    if (Status s = Measure(nvme, &*speeds); !s.ok()) return Fail(s.message());
+  }
 
   // A given config: its workload settings, and its own candidate estimated first.
   std::optional<Candidate> given;
@@ -311,4 +366,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace zoffload::internal::plan
 
-int main(int argc, char** argv) { return zoffload::internal::plan::Main(argc, argv); }
+int main(int argc, char** argv) {
+  zoffload::internal::bench::CatchStopSignals();  // --measure's scratch goes on Ctrl-C too
+  return zoffload::internal::plan::Main(argc, argv);
+}
