@@ -187,7 +187,8 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
                           dir.File("measured.json") + " 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream measured_in(dir.File("measured.json"));
-  for (const auto& c : nlohmann::json::parse(measured_in)["candidates"]) {
+  const auto measured = nlohmann::json::parse(measured_in);
+  for (const auto& c : measured["candidates"]) {
     EXPECT_GT(c["step_seconds"].get<double>(), 0) << c.dump();
   }
   r = testing::RunCommand(tool + " --model llama-13 --gpu-mem 24GiB 2>&1");
