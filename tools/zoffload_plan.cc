@@ -83,8 +83,7 @@ Status Measure(const std::vector<std::string>& nvme, Speeds* speeds) {
   adam.copies = {ParamCopy::kBf16};
   ZO_ASSIGN_OR_RETURN(const std::vector<bench::AdamRecord> records, bench::RunAdamBench(adam));
   for (const bench::AdamRecord& r : records) {
-    const int i = r.state == StatePrecision::kFp32 ? 0 : r.state == StatePrecision::kBf16 ? 1 : 2;
-    speeds->adam_gparams[i] = r.gparams_per_s;
+    speeds->adam(r.state) = r.gparams_per_s;
   }
   if (!nvme.empty()) {
     bench::NvmeBenchOptions o;
@@ -192,18 +191,6 @@ int Main(int argc, char** argv) {
     host_mem = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
                static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   }
-  uint64_t nvme_free = 0;
-  for (const std::string& dir : nvme) {
-    struct statvfs st {};
-    if (::statvfs(dir.c_str(), &st) != 0) return Fail(StrCat("--nvme ", dir, ": cannot be read"));
-    nvme_free += static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
-  }
-  auto speeds = SpeedsFromJson(bench);
-  if (!speeds.ok()) return Fail(speeds.status().message());
-  if (measure) {
-    if (Status s = Measure(nvme, &*speeds); !s.ok()) return Fail(s.message());
-  }
-
   // A given config: its workload settings, and its own candidate estimated first.
   std::optional<Candidate> given;
   if (!config_path.empty()) {
@@ -222,14 +209,21 @@ int Main(int argc, char** argv) {
     if (given->nvme_ratio > 0 && nvme.empty()) {
       nvme = config->zoffload.nvme_paths.empty() ? std::vector<std::string>{oo.nvme_path}
                                                  : config->zoffload.nvme_paths;
-      for (const std::string& dir : nvme) {
-        struct statvfs st {};
-        if (::statvfs(dir.c_str(), &st) == 0) {
-          nvme_free += static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
-        }
-      }
     }
   }
+  uint64_t nvme_free = 0;
+  for (const std::string& dir : nvme) {
+    struct statvfs st {};
+    if (::statvfs(dir.c_str(), &st) != 0)
+      return Fail(StrCat("NVMe directory ", dir, ": cannot be read"));
+    nvme_free += static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  }
+  auto speeds = SpeedsFromJson(bench);
+  if (!speeds.ok()) return Fail(speeds.status().message());
+  if (measure) {
+    if (Status s = Measure(nvme, &*speeds); !s.ok()) return Fail(s.message());
+  }
+
   auto row_of = [&](const Candidate& c) {
     Row r;
     r.e = EstimateRun(model, w, c, *speeds);

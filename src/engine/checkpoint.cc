@@ -327,8 +327,7 @@ Status ExportSafetensors(const std::string& dir, const std::string& out, bool ov
   if (::rename(tmp.c_str(), out.c_str()) != 0) {
     return fail(StatusFromErrno(errno, StrCat("rename ", tmp, " to ", out)));
   }
-  const std::string parent = std::filesystem::path(out).parent_path().string();
-  return FsyncDirectory(parent.empty() ? "." : parent);
+  return FsyncDirectory(std::filesystem::path(out).parent_path().string());
 }
 
 }  // namespace zoffload

@@ -68,7 +68,7 @@ TEST(PlanTest, StepTimeByMode) {
   const ModelShape m = ModelOfParams(2'000'000'000);
   Speeds s;
   s.fwd_bwd_seconds = 1.0;
-  s.adam_gparams[0] = 1.0;  // 2 s of Adam
+  s.adam(StatePrecision::kFp32) = 1.0;  // 2 s of Adam
   const Workload w;
   EXPECT_DOUBLE_EQ(EstimateRun(m, w, {Overlap::kNone, StatePrecision::kFp32, 0}, s).step_seconds,
                    3.0);
@@ -91,7 +91,7 @@ TEST(PlanTest, StepTimeByMode) {
   // The hand-over of each tensor's gradient lengthens the backward.
   ModelShape shaped = m;
   shaped.tensors = 1000;
-  s.adam_gparams[0] = 100.0;  // Adam hidden: the GPU bounds
+  s.adam(StatePrecision::kFp32) = 100.0;  // Adam hidden: the GPU bounds
   EXPECT_DOUBLE_EQ(
       EstimateRun(shaped, w, {Overlap::kDelayed, StatePrecision::kFp32, 0}, s).step_seconds,
       1.0 + 1000 * kHandOverSeconds);

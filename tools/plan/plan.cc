@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -24,8 +25,12 @@ constexpr Named kNamed[] = {
     {"llama3-8b", 128256, 4096, 14336, 32, 32, 8},
 };
 
-int PrecisionIndex(StatePrecision p) {
-  return p == StatePrecision::kFp32 ? 0 : p == StatePrecision::kBf16 ? 1 : 2;
+// The state precision named `name` ("fp32", "bf16", "int8"), if any.
+std::optional<StatePrecision> PrecisionNamed(const std::string& name) {
+  for (StatePrecision p : {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+    if (name == ToString(p)) return p;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -117,7 +122,7 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   e.host_bytes = e.host_state + e.host_grads + kProcessBytes;
   e.nvme_bytes = 2 * on_nvme;
   // Step time.
-  const double rate = s.adam_gparams[PrecisionIndex(c.state)];
+  const double rate = s.adam(c.state);
   if (rate > 0) e.adam_seconds = static_cast<double>(p) / (rate * 1e9);
   const auto moved = static_cast<double>(on_nvme);
   if (on_nvme > 0 && s.nvme_mixed_gbps > 0) {
@@ -167,22 +172,12 @@ Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files) {
     for (const auto& r : *records) {
       if (!r.is_object()) continue;
       const std::string profile = r.value("profile", "");
-      if (profile == "adam" && r.value("rule", "") == "adam") {
-        for (StatePrecision p :
-             {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
-          if (r.value("state", "") == ToString(p) && r.value("param_copy", "") == "bf16") {
-            double& rate = s.adam_gparams[PrecisionIndex(p)];
-            rate = std::max(rate, r.value("Gparams_per_s", 0.0));
-          }
-        }
-      } else if (profile == "engine" && r.value("state", "") != "") {
-        const double rate = r.value("adam_alone_gparams", 0.0);
-        for (StatePrecision p :
-             {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
-          if (r.value("state", "") == ToString(p) && rate > 0) {
-            s.adam_gparams[PrecisionIndex(p)] = rate;
-          }
-        }
+      const auto state = PrecisionNamed(r.value("state", ""));
+      if (profile == "adam" && r.value("rule", "") == "adam" && state &&
+          r.value("param_copy", "") == "bf16") {
+        s.adam(*state) = std::max(s.adam(*state), r.value("Gparams_per_s", 0.0));
+      } else if (profile == "engine" && state && r.value("adam_alone_gparams", 0.0) > 0) {
+        s.adam(*state) = r.value("adam_alone_gparams", 0.0);
       } else if (profile == "step" && r.value("state_on", "") == "nvme") {
         s.nvme_read_gbps = r.value("read_GBps", 0.0);
         s.nvme_write_gbps = r.value("write_GBps", 0.0);
@@ -202,12 +197,9 @@ Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files) {
         if (adam.empty()) continue;
         std::sort(adam.begin(), adam.end());
         const double seconds = adam[adam.size() / 2];
-        const std::string state = r["system"].get<std::string>().substr(14);
-        for (StatePrecision p :
-             {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
-          if (state == ToString(p) && seconds > 0) {
-            s.adam_gparams[PrecisionIndex(p)] = r.value("params", 0.0) / seconds / 1e9;
-          }
+        const auto system_state = PrecisionNamed(r["system"].get<std::string>().substr(14));
+        if (system_state && seconds > 0) {
+          s.adam(*system_state) = r.value("params", 0.0) / seconds / 1e9;
         }
       }
     }

@@ -16,9 +16,9 @@
 // - none: F + Adam; backward: F(1 - kBackwardShare) + max(F kBackwardShare, k Adam);
 //   delayed: max(F, k Adam), where k = kOverlapSlowdown is Adam's slowdown when it runs beside
 //   the training loop (measured on the H200, docs/PERF.md). Each parameter tensor adds
-//   kHandOverSeconds to the backward (H: hooks, copies and uploads around the step). NVMe state adds its I/O where the
-//   pipeline cannot hide it: max(Adam, I/O) replaces Adam; the I/O moves the NVMe share's
-//   bytes in and out at the disk's mixed read+write rate (or read, then write).
+//   kHandOverSeconds to the backward (H: hooks, copies and uploads around the step). NVMe state
+//   adds its I/O where the pipeline cannot hide it: max(Adam, I/O) replaces Adam; the I/O moves the
+//   NVMe share's bytes in and out at the disk's mixed read+write rate (or read, then write).
 #pragma once
 
 #include <cstdint>
@@ -69,6 +69,8 @@ struct Candidate {
 struct Speeds {
   double fwd_bwd_seconds = 0;          ///< the GPU's forward + backward of one step; 0: unknown
   double adam_gparams[3] = {0, 0, 0};  ///< CPU Adam per state precision (fp32, bf16, int8)
+  double& adam(StatePrecision p) { return adam_gparams[static_cast<int>(p)]; }
+  double adam(StatePrecision p) const { return adam_gparams[static_cast<int>(p)]; }
   double nvme_read_gbps = 0, nvme_write_gbps = 0;
   double nvme_mixed_gbps = 0;  ///< reads and writes at once (zoffload-bench step); 0: unknown
 };
