@@ -101,8 +101,10 @@ GradSquares GradientSquares(const AdamShard& shard, int threads = 0);
 
 /// The global L2 norm over shards' gradients, float64 accumulation, and inf/NaN check: the
 /// square root of the shards' GradientSquares added in shard order (so a caller that has them
-/// per shard gets the same bits).
+/// per shard gets the same bits from NormOf).
 GradNorm GradientNorm(std::span<const AdamShard> shards, int threads = 0);
+/// The norm of shards whose GradientSquares are `squares`, in shard order.
+GradNorm NormOf(std::span<const GradSquares> squares);
 
 /// The update pass alone: gradients are multiplied by `grad_scale` (1/loss_scale times the
 /// clip coefficient). Grads must be finite (GradientNorm checks). `threads` 0 = CpuAdam default.

@@ -162,7 +162,11 @@ class FlushDenormals {
 };
 
 // Runs body(begin, end) over the tiles of [0, n); with `tracer`, each thread's share is a span
-// named `label` on its track.
+// named `label` on its track. Tiles are handed out one at a time (dynamic schedule): in an
+// overlapped step the training thread and the CUDA driver's threads share the cores, and with a
+// static split one preempted thread held back the whole pass (measured on the H200: Adam took
+// 1.64-1.72 s inside a 7B step against 1.44 s alone). Results do not depend on which thread runs
+// a tile: every kernel, stochastic rounding included, is a function of the element index.
 template <typename F>
 void ForTiles(size_t n, int threads, F&& body, Tracer* tracer = nullptr,
               const std::string* label = nullptr) {
@@ -172,18 +176,19 @@ void ForTiles(size_t n, int threads, F&& body, Tracer* tracer = nullptr,
     PlaceThread(omp_get_thread_num());
     const FlushDenormals flush;
     const auto start = tracer != nullptr ? Tracer::Clock::now() : Tracer::Clock::time_point();
-    size_t first = n, last = 0;
-#pragma omp for schedule(static) nowait
+    size_t elements = 0;
+    int64_t taken = 0;
+#pragma omp for schedule(dynamic, 1) nowait
     for (int64_t t = 0; t < tiles; ++t) {
       const size_t begin = static_cast<size_t>(t) * kTile;
       const size_t end = std::min(n, begin + kTile);
       body(begin, end);
-      first = std::min(first, begin);
-      last = end;
+      elements += end - begin;
+      ++taken;
     }
-    if (tracer != nullptr && first < last) {
+    if (tracer != nullptr && taken > 0) {
       tracer->Record(StrCat("adam thread ", omp_get_thread_num()), *label, start,
-                     Tracer::Clock::now(), StrCat("elements [", first, ", ", last, ")"));
+                     Tracer::Clock::now(), StrCat(elements, " elements in ", taken, " tiles"));
     }
   }
 }
@@ -277,17 +282,23 @@ GradSquares GradientSquares(const AdamShard& s, int threads) {
   return out;
 }
 
-GradNorm GradientNorm(std::span<const AdamShard> shards, int threads) {
+GradNorm NormOf(std::span<const GradSquares> squares) {
   GradNorm out;
   double total = 0;
-  for (const AdamShard& s : shards) {
-    const GradSquares squares = GradientSquares(s, threads);
-    total += squares.sum;
-    out.finite = out.finite && squares.finite;
+  for (const GradSquares& s : squares) {
+    total += s.sum;
+    out.finite = out.finite && s.finite;
   }
   out.l2 = std::sqrt(total);
   if (!std::isfinite(out.l2)) out.finite = false;
   return out;
+}
+
+GradNorm GradientNorm(std::span<const AdamShard> shards, int threads) {
+  std::vector<GradSquares> squares;
+  squares.reserve(shards.size());
+  for (const AdamShard& s : shards) squares.push_back(GradientSquares(s, threads));
+  return NormOf(squares);
 }
 
 Status internal::AdamUpdateTraced(const AdamShard& shard, const AdamHyper& hyper, float grad_scale,

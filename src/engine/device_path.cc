@@ -8,6 +8,8 @@
 #include "common/strings.h"
 #include "gpu/copy_engine.h"
 #include "gpu/cuda_status.h"
+#include "gpu/kernels.h"
+#include "gpu/stream.h"
 
 namespace zoffload::internal {
 namespace {
@@ -30,6 +32,13 @@ struct DevicePath::Region {
 struct DevicePath::Slot {
   HostMemory memory;
   Future<> uploaded;
+};
+
+struct DevicePath::Norm {
+  gpu::GradNormWorkspace workspace;
+  CudaEvent order;
+  cudaStream_t stream = nullptr;  // of the newest launch
+  uint64_t launches = 0;          // since the last TakeNorm
 };
 
 Result<std::unique_ptr<DevicePath>> DevicePath::Create(Runtime& rt, uint64_t bucket_bytes,
@@ -73,7 +82,7 @@ Result<int> DevicePath::DeviceOf(const void* ptr) {
 }
 
 Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32_t tag,
-                       void* stream, const Future<>* upload) {
+                       void* stream, const Future<>* upload, const DType* norm) {
   const cudaStream_t caller = AsStream(stream);
   ZO_ASSIGN_OR_RETURN(CopyEngine * copies, rt_->Copies());
   if (upload != nullptr) {
@@ -96,6 +105,8 @@ Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32
     }
     std::byte* slot = ring_.as<std::byte>() + head_;
     ZO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot, src, piece, cudaMemcpyDeviceToDevice, caller));
+    if (norm != nullptr)
+      ZO_RETURN_IF_ERROR(AddToNorm(slot, piece / DTypeBytes(*norm), *norm, caller));
     Future<> read = copies->DeviceToHost(host, slot, piece, caller);
     if (read.Ready()) ZO_RETURN_IF_ERROR(read.Wait());  // an enqueue error
     while (!landing_.empty() && landing_.front().Ready()) landing_.pop_front();
@@ -126,6 +137,34 @@ Status DevicePath::WaitLanded() {
   landing_.clear();
   in_flight_.clear();
   return status;
+}
+
+Status DevicePath::AddToNorm(const void* piece, uint64_t elements, DType dtype,
+                             cudaStream_t stream) {
+  if (norm_ == nullptr) {
+    ZO_ASSIGN_OR_RETURN(gpu::GradNormWorkspace workspace, gpu::GradNormWorkspace::Create());
+    ZO_ASSIGN_OR_RETURN(CudaEvent order, CudaEvent::Create());
+    norm_.reset(new Norm{std::move(workspace), std::move(order)});
+  }
+  Norm& n = *norm_;
+  // The launches share the workspace: one on another stream goes after the one before.
+  if (n.launches > 0 && n.stream != stream) {
+    ZO_RETURN_IF_ERROR(OrderAfter(stream, n.stream, n.order));
+  }
+  const gpu::DeviceSpan span{piece, elements};
+  ZO_RETURN_IF_ERROR(
+      gpu::MultiTensorGradNorm({&span, 1}, dtype, n.workspace, stream, n.launches > 0));
+  n.stream = stream;
+  ++n.launches;
+  return Status::Ok();
+}
+
+Result<GradNorm> DevicePath::TakeNorm() {
+  if (norm_ == nullptr || norm_->launches == 0) return GradNorm{};
+  ZO_ASSIGN_OR_RETURN(CopyEngine * copies, rt_->Copies());
+  // Every launch ran before a D2H that has landed; the read goes after them on the D2H stream.
+  norm_->launches = 0;
+  return norm_->workspace.Read(copies->stream(CopyEngine::Direction::kDeviceToHost));
 }
 
 Result<std::byte*> DevicePath::AcquireSlot() {

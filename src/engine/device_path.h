@@ -13,6 +13,9 @@
 //    waits for that copy (on the GPU; the host never waits). Pieces are at most half the ring.
 // 4. When a Landed callback is set, each piece's D2H future is chained (Then) to it: it runs
 //    on a CUDA callback thread and must neither block nor call CUDA.
+// 5. Asked to (overlap "delayed", where the host has no time to spare), Add also adds the
+//    piece's squares and inf/NaN count to a gradient norm on the GPU, on the caller's stream
+//    before the piece's D2H; TakeNorm reads it once the pieces have landed.
 // Up (during Step): a ring of pinned staging slots; AcquireSlot waits (host) for the slot's
 // previous upload; Upload sends it on the H2D stream. UploadFrom sends pinned memory of the
 // caller's instead (overlap "delayed": a parameter uploaded from where its gradient landed,
@@ -24,6 +27,8 @@
 // "backward" updates and uploads on the engine's worker while backward sends gradients).
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -32,6 +37,8 @@
 #include <vector>
 
 #include "tiers/runtime_context.h"
+#include "zoffload/cpu_adam.h"
+#include "zoffload/dtype.h"
 #include "zoffload/future.h"
 #include "zoffload/status.h"
 
@@ -58,10 +65,14 @@ class DevicePath {
 
   /// Sends `bytes` of device memory at `grad` (produced on `stream`, a cudaStream_t; null:
   /// the legacy default stream) to pinned `host`, after `upload` (when given) has read it.
+  /// With `norm` (the gradient's element type) it also goes into the norm TakeNorm returns.
   Status Add(const void* grad, uint64_t bytes, std::byte* host, uint32_t tag, void* stream,
-             const Future<>* upload = nullptr);
+             const Future<>* upload = nullptr, const DType* norm = nullptr);
   /// Blocks until every piece is in host memory.
   Status WaitLanded();
+  /// The float64 norm and inf/NaN check of the gradients added with `norm` since the last
+  /// call (deterministic for the same gradients in the same order); call after WaitLanded.
+  Result<GradNorm> TakeNorm();
 
   /// The next staging slot (slot_bytes of pinned memory), once its last upload is done.
   Result<std::byte*> AcquireSlot();
@@ -86,6 +97,7 @@ class DevicePath {
   struct Region;
   struct Slot;
   DevicePath() = default;
+  Status AddToNorm(const void* piece, uint64_t elements, DType dtype, cudaStream_t stream);
 
   Runtime* rt_ = nullptr;
   DeviceMemory ring_;
@@ -96,6 +108,10 @@ class DevicePath {
   std::vector<std::unique_ptr<Slot>> slots_;
   size_t next_slot_ = 0;
   Future<> last_upload_;  // the newest upload (the H2D stream runs them in order)
+  // The GPU norm (item 5), made on first use: its launches so far, and the stream of the
+  // newest, which a launch on another stream is ordered after through norm_order_.
+  struct Norm;
+  std::unique_ptr<Norm> norm_;
   Landed landed_;
   uint64_t pieces_ = 0, bytes_to_host_ = 0, bytes_to_gpu_ = 0;
   double upload_wait_seconds_ = 0;

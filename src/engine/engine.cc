@@ -52,8 +52,9 @@ std::string FirstFew(const std::vector<std::string>& items, std::string_view sep
 }
 
 constexpr const char* kEngineTrack = "engine";
-constexpr const char* kHandOverTrack = "gradients handed over";  // GradientReady calls
-constexpr const char* kWorkerTrack = "updates during backward";  // overlap "backward"
+constexpr const char* kHandOverTrack = "gradients handed over";    // GradientReady calls
+constexpr const char* kWorkerTrack = "updates during backward";    // overlap "backward"
+constexpr const char* kNormTrack = "gradient norms as they land";  // overlap "none" (GPU)
 
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -153,9 +154,12 @@ struct OffloadEngine::Impl : public ParamSink {
   // The worker thread, when there is work for it: items come through a lock-free queue (from
   // the D2H stream's host functions, or from this thread) and are handled in order:
   // - a landed gradient piece (GPU, accumulation > 1): added into the fp32 sums;
-  // - overlap "backward": once a parameter's last gradient of the window is all on the host,
-  //   its norm part and its CPU update (the upload of each chunk follows at once);
-  // - overlap "delayed": the step's whole update (kRunUpdate).
+  // - once a parameter's last gradient of the window is all on the host: its norm part
+  //   (overlap "none" on the GPU, with a few threads while backward runs, so that Step has no
+  //   norm pass left), or its norm part and CPU update (overlap "backward"; the upload of each
+  //   chunk follows at once);
+  // - overlap "delayed": the step's whole update (kRunUpdate). Its norm is made on the GPU
+  //   as the gradients go down (accumulation 1), as the CPU is busy with the update before.
   using Item = internal::DevicePath::Piece;
   static constexpr uint32_t kRunUpdate = UINT32_MAX;
   boost::lockfree::queue<Item> queue{64};
@@ -163,10 +167,13 @@ struct OffloadEngine::Impl : public ParamSink {
   std::atomic<uint64_t> handled{0};  // items the worker has finished
   uint64_t posted = 0;               // items this thread queued (pieces are counted apart)
   bool pieces_to_worker = false;     // every landed piece goes to the worker
+  bool norm_on_landing = false;      // overlap "none" on the GPU: squares as gradients land
+  int landing_threads = 1;           // for those
+  bool gpu_norm = false;             // overlap "delayed" on the GPU, accumulation 1
   std::atomic<bool> stopping{false};
   std::thread worker;
-  // Overlap "backward", per window (the gradients between two Steps): fixed at its first
-  // gradient, then the worker's (read after AwaitWorker).
+  // Per window (the gradients between two Steps), overlap "backward" (and `squares` with
+  // norm_on_landing): fixed at its first gradient, then the worker's (read after AwaitWorker).
   AdamHyper window_base;
   std::vector<AdamHyper> window_hypers;
   std::vector<GradSquares> squares;    // each parameter's gradient
@@ -186,6 +193,7 @@ struct OffloadEngine::Impl : public ParamSink {
   std::vector<AdamHyper> job_hypers;
   AdamHyper job_base;
   std::vector<size_t> job_order;
+  GradNorm job_norm;  // with gpu_norm
   Result<AdamStepResult> job_result{AdamStepResult{}};
   StepStats job_stats;
 
@@ -248,13 +256,19 @@ struct OffloadEngine::Impl : public ParamSink {
       Accumulate(p.grads.as<float>() + first, item.host, p.dtype, item.bytes / element,
                  (item.tag & 2) != 0);
     }
-    if (overlap == Overlap::kBackward && (item.tag & 1) != 0) {
+    if (overlap != Overlap::kDelayed && (item.tag & 1) != 0) {
       landed_bytes[i] += item.bytes;
       if (landed_bytes[i] == p.bytes()) {
         const auto start = Clock::now();
-        UpdateOne(i);
-        if (Tracer* tracer = rt->tracer())
-          tracer->Record(kWorkerTrack, p.name, start, Clock::now());
+        if (overlap == Overlap::kBackward) {
+          UpdateOne(i);
+        } else {
+          squares[i] = SquaresOf(i, landing_threads);
+        }
+        if (Tracer* tracer = rt->tracer()) {
+          tracer->Record(overlap == Overlap::kBackward ? kWorkerTrack : kNormTrack, p.name, start,
+                         Clock::now());
+        }
       }
     }
   }
@@ -277,14 +291,20 @@ struct OffloadEngine::Impl : public ParamSink {
             hyper};
   }
 
-  // Overlap "backward", on the worker: parameter i's norm part and update.
-  void UpdateOne(size_t i) {
-    const TensorGrads g = GradsOf(i, &window_hypers[params[i].group]);
+  // Parameter i's part of the norm (its gradient as the update reads it).
+  GradSquares SquaresOf(size_t i, int threads) {
+    const TensorGrads g = GradsOf(i, nullptr);
     AdamShard shard;
     shard.n = params[i].n;
     shard.grads = g.grads;
     shard.grad_dtype = g.dtype;
-    squares[i] = GradientSquares(shard, config.zoffload.cpu_adam_threads);
+    return GradientSquares(shard, threads);
+  }
+
+  // Overlap "backward", on the worker: parameter i's norm part and update.
+  void UpdateOne(size_t i) {
+    const TensorGrads g = GradsOf(i, &window_hypers[params[i].group]);
+    squares[i] = SquaresOf(i, config.zoffload.cpu_adam_threads);
     if (!squares[i].finite) {
       nonfinite.push_back(i);
       return;
@@ -298,8 +318,9 @@ struct OffloadEngine::Impl : public ParamSink {
   // the order they came (the order the next window's gradients will wait in).
   void RunUpdate() {
     in_update = true;
-    job_result = state->Step(job_grads, job_base, 1.0f,
-                             static_cast<float>(config.gradient_clipping), this, job_order);
+    job_result =
+        state->Step(job_grads, job_base, 1.0f, static_cast<float>(config.gradient_clipping), this,
+                    job_order, gpu_norm ? &job_norm : nullptr);
     in_update = false;
     job_stats = state->last_step();
     update_done.store(true);
@@ -330,17 +351,17 @@ struct OffloadEngine::Impl : public ParamSink {
     return base;
   }
 
-  // Overlap modes: the first gradient of a window.
+  // The first gradient of a window.
   void BeginWindow() {
     if (overlap == Overlap::kBackward) {
       window_base = NextBase();
       window_hypers = GroupHypers(window_base);
-      std::fill(squares.begin(), squares.end(), GradSquares{});
-      std::fill(landed_bytes.begin(), landed_bytes.end(), 0);
       nonfinite.clear();
       worker_status = Status::Ok();
       window_stats = StepStats{};
     }
+    std::fill(squares.begin(), squares.end(), GradSquares{});
+    std::fill(landed_bytes.begin(), landed_bytes.end(), 0);
     arrival.clear();
   }
 
@@ -636,15 +657,20 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
       }
     }
   }
-  if (e.overlap == Overlap::kBackward) {
+  e.pieces_to_worker = e.gpu && (e.accumulation > 1 || e.overlap != Overlap::kDelayed);
+  e.norm_on_landing = e.gpu && e.overlap == Overlap::kNone;
+  e.gpu_norm = e.gpu && e.accumulation == 1 && e.overlap == Overlap::kDelayed;
+  if (e.overlap == Overlap::kBackward || e.norm_on_landing) {
     e.squares.resize(e.params.size());
     e.landed_bytes.resize(e.params.size());
   }
+  // A quarter of the update's threads: backward's own thread keeps its core.
+  const int threads = e.config.zoffload.cpu_adam_threads;
+  e.landing_threads = std::max(1, (threads > 0 ? threads : DefaultAdamThreads()) / 4);
   if (delayed) {
     e.consumed = std::make_unique<std::atomic<int64_t>[]>(e.params.size());
     for (size_t i = 0; i < e.params.size(); ++i) e.consumed[i].store(0);
   }
-  e.pieces_to_worker = e.gpu && (e.accumulation > 1 || e.overlap == Overlap::kBackward);
 #if ZO_HAVE_CUDA
   if (e.gpu) {
     // Buckets no larger than all the gradients together.
@@ -690,7 +716,7 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
   const bool add = p->received > 0;
   const bool last = p->received + 1 == e.accumulation;
   const size_t i = static_cast<size_t>(p - e.params.data());
-  if (e.overlap != Overlap::kNone && e.grads_in_window == 0) e.BeginWindow();
+  if (e.grads_in_window == 0) e.BeginWindow();
   // Delayed: the last update's values for this parameter go up now that backward is done
   // with it (and before its new gradient may land where they wait).
   if (!add) ZO_RETURN_IF_ERROR(e.UploadPending(i, stream));
@@ -699,7 +725,7 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
     const Future<>* upload = p->upload.valid() ? &p->upload : nullptr;
     if (e.accumulation == 1) {
       ZO_RETURN_IF_ERROR(e.device->Add(grad, p->bytes(), p->grads.data(), Impl::Tag(i, add, last),
-                                       stream, upload));
+                                       stream, upload, e.gpu_norm ? &p->dtype : nullptr));
     } else {
       // A new micro-batch lands where the last one did: the worker must have added it in.
       if (e.grads_in_window % e.params.size() == 0) e.AwaitWorker();
@@ -763,8 +789,10 @@ Result<EngineStepStats> OffloadEngine::Step() {
       for (size_t i = 0; i < e.params.size(); ++i) {
         grads.push_back(e.GradsOf(i, &hypers[e.params[i].group]));
       }
+      const GradNorm landed = e.norm_on_landing ? NormOf(e.squares) : GradNorm{};
       auto result =
-          e.state->Step(grads, base, scale, static_cast<float>(e.config.gradient_clipping), &e);
+          e.state->Step(grads, base, scale, static_cast<float>(e.config.gradient_clipping), &e, {},
+                        e.norm_on_landing ? &landed : nullptr);
       ZO_RETURN_IF_ERROR(result.status().WithContext("Step"));
       e.scaler.Update(result->skipped);
       if (!result->skipped) ++e.steps;
@@ -784,9 +812,7 @@ Result<EngineStepStats> OffloadEngine::Step() {
       // Each parameter was updated as its gradient landed; the norm is their parts added in
       // parameter order, as the exact step adds them.
       ZO_RETURN_IF_ERROR(e.worker_status.WithContext("Step (overlap \"backward\")"));
-      double total = 0;
-      for (const GradSquares& q : e.squares) total += q.sum;
-      stats.grad_norm = std::sqrt(total);
+      stats.grad_norm = NormOf(e.squares).l2;
       stats.adam_seconds = e.window_stats.adam_seconds;
       ++e.steps;
       if (!e.nonfinite.empty()) {
@@ -811,6 +837,13 @@ Result<EngineStepStats> OffloadEngine::Step() {
         e.job_grads.push_back(e.GradsOf(i, &e.job_hypers[e.params[i].group]));
       }
       e.job_order = e.arrival;
+#if ZO_HAVE_CUDA
+      if (e.gpu_norm) {
+        auto norm = e.device->TakeNorm();
+        ZO_RETURN_IF_ERROR(norm.status().WithContext("Step: the gradient norm"));
+        e.job_norm = *norm;
+      }
+#endif
       ++e.launched;
       for (Impl::Param& p : e.params) p.pending = true;
       e.update_done.store(false);

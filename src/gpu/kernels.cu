@@ -415,12 +415,12 @@ Result<GradNorm> GradNormWorkspace::Read(cudaStream_t stream) const {
 }
 
 Status MultiTensorGradNorm(std::span<const DeviceSpan> tensors, DType dtype,
-                           GradNormWorkspace& workspace, cudaStream_t stream) {
+                           GradNormWorkspace& workspace, cudaStream_t stream, bool accumulate) {
   auto* scratch = static_cast<NormScratch*>(workspace.buffer_.data());
   size_t first = 0;
   do {  // at least one launch, so an empty list gives a zero norm
     NormLaunch launch{};
-    launch.accumulate = first > 0;
+    launch.accumulate = accumulate || first > 0;
     size_t items = 0;
     while (first < tensors.size() && launch.count < kNormTensorsPerLaunch) {
       launch.data[launch.count] = tensors[first].data;

@@ -51,16 +51,18 @@ class GradNormWorkspace {
 
  private:
   friend Status MultiTensorGradNorm(std::span<const DeviceSpan>, DType, GradNormWorkspace&,
-                                    cudaStream_t);
+                                    cudaStream_t, bool);
   explicit GradNormWorkspace(DeviceBuffer buffer) : buffer_(std::move(buffer)) {}
   DeviceBuffer buffer_;
 };
 
 /// Sum of squares (float64) and inf/NaN count over every element of `tensors` (all of
-/// `dtype`), into workspace.result(). One launch per 512 tensors; deterministic (fixed grid,
-/// fixed reduction order).
+/// `dtype`), into workspace.result(), or, with `accumulate`, added to what the workspace's
+/// launches before this one (on the same stream, or ordered before it) left there. One launch
+/// per 512 tensors; deterministic (fixed grid, fixed reduction order).
 Status MultiTensorGradNorm(std::span<const DeviceSpan> tensors, DType dtype,
-                           GradNormWorkspace& workspace, cudaStream_t stream);
+                           GradNormWorkspace& workspace, cudaStream_t stream,
+                           bool accumulate = false);
 
 /// One parameter tensor of the GPU Adam: fp32 master, fp32 m and v, gradients of the step's
 /// grad dtype, optional low-precision copy of the updated parameters (device memory).

@@ -330,7 +330,7 @@ Status OptimizerState::Read(size_t i, float* params, void* m, void* v) {
 Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
                                             const AdamHyper& hyper, float loss_scale,
                                             float max_grad_norm, ParamSink* sink,
-                                            std::span<const size_t> order) {
+                                            std::span<const size_t> order, const GradNorm* norm) {
   ZO_RETURN_IF_ERROR(broken_);
   if (grads.size() != tensors_.size()) {
     return InvalidArgumentError(
@@ -364,16 +364,21 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
   // state it runs after the first chunk reads are under way (reads change nothing).
   AdamStepResult result;
   auto decide = [&]() -> std::optional<float> {
-    const GradNorm norm = GradientNorm(grad_shards, options_.threads);
-    if (!norm.finite) {
+    const GradNorm found = norm != nullptr ? *norm : GradientNorm(grad_shards, options_.threads);
+    if (!found.finite) {
       result.skipped = true;
       return std::nullopt;
     }
-    return ClipAndUnscale(norm.l2, loss_scale, max_grad_norm, &result.grad_norm, &result.clip_coef);
+    return ClipAndUnscale(found.l2, loss_scale, max_grad_norm, &result.grad_norm,
+                          &result.clip_coef);
   };
   StepStats stats;
   if (items_.empty()) {
+    const auto t0 = Clock::now();
     const std::optional<float> grad_scale = decide();
+    if (tracer_ != nullptr && norm == nullptr) {
+      tracer_->Record(kStepTrack, "gradient norm", t0, Clock::now());
+    }
     if (!grad_scale) return result;
     ZO_RETURN_IF_ERROR(UpdateInHost(grads, hyper, *grad_scale, sink, &stats, order));
   } else {

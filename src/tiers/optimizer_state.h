@@ -144,10 +144,12 @@ class OptimizerState {
   /// One optimizer step over every tensor; grads[i] belongs to tensor i. With `sink`, the
   /// updated parameters go to it chunk by chunk (TensorGrads::param_copy is not used).
   /// `order` (a permutation of the tensors, or empty for index order) is the order in which
-  /// tensors in host memory are updated.
+  /// tensors in host memory are updated. `norm`, when given, is these gradients' norm as the
+  /// caller computed it already (while they arrived): the step then has no norm pass.
   Result<AdamStepResult> Step(std::span<const TensorGrads> grads, const AdamHyper& hyper,
                               float loss_scale = 1.0f, float max_grad_norm = 0.0f,
-                              ParamSink* sink = nullptr, std::span<const size_t> order = {});
+                              ParamSink* sink = nullptr, std::span<const size_t> order = {},
+                              const GradNorm* norm = nullptr);
   /// CPU Adam over tensor t alone (its state in host memory), gradient scale 1, timed into
   /// `stats`: a step taken tensor by tensor (no norm, clip or skip here; the caller decides).
   Status UpdateTensor(size_t t, const TensorGrads& grads, const AdamHyper& hyper, ParamSink* sink,

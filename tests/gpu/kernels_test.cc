@@ -145,6 +145,14 @@ TEST(GpuNormTest, MultiTensorNormMatchesFloat64AndFindsInfNan) {
     auto again = workspace->Read(nullptr);
     ASSERT_TRUE(again.ok());
     EXPECT_EQ(std::bit_cast<uint64_t>(again->l2), std::bit_cast<uint64_t>(norm->l2));
+    // Tensor by tensor, each launch adding to the last (the engine's per-gradient norm).
+    for (size_t t = 0; t < spans.size(); ++t) {
+      ASSERT_TRUE(gpu::MultiTensorGradNorm({&spans[t], 1}, dtype, *workspace, nullptr, t > 0).ok());
+    }
+    auto added = workspace->Read(nullptr);
+    ASSERT_TRUE(added.ok());
+    EXPECT_TRUE(added->finite);
+    EXPECT_NEAR(added->l2 * added->l2, reference, reference * 1e-12) << ToString(dtype);
     // An inf in the large tensor and a NaN in the last launch's tensors are found.
     for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
       const size_t t = bad == bad ? 5 : 650;

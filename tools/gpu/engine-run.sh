@@ -7,7 +7,8 @@
 #   1g, 7b    zoffload-bench engine at 1G params and at a 7B model's size (6.74B params,
 #             291 tensors, backward stand-in of 670 ms), 16 threads;
 #   finetune  bench/finetune_7b.py: the systems in $SYSTEMS (default: all), 24 GiB cap,
-#             $LAYERS layers (default 32), JSON, table and plots into OUTDIR/ft7b.
+#             $LAYERS layers (default 32), $ACCUM micro-batches (default 1), JSON, table
+#             and plots into OUTDIR/ft7b.
 # Output and JSON into OUTDIR.
 #   tools/gpu/run-gpu-tests.sh tools/gpu/engine-run.sh OUTDIR [memcheck] [python] [1g] [7b] [finetune]
 set -uo pipefail
@@ -78,5 +79,5 @@ if [[ $parts == *finetune* ]]; then
   echo "== bench/finetune_7b.py (${SYSTEMS:-all systems}, ${LAYERS:-32} layers)"
   PYTHONPATH=$PWD/build-gpu/python:$PWD/.whl/site python3 bench/finetune_7b.py \
     ${SYSTEMS:+--systems "$SYSTEMS"} --layers "${LAYERS:-32}" --steps "${STEPS:-6}" \
-    --timeout "${SYSTEM_TIMEOUT:-240}" --out "$out/ft7b" 2>&1 | grep -v "^  .* step [3-9]"
+    --accumulation "${ACCUM:-1}" --timeout "${SYSTEM_TIMEOUT:-240}" --out "$out/ft7b" 2>&1 | grep -v "^  .* step [3-9]"
 fi
