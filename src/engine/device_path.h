@@ -109,7 +109,7 @@ class DevicePath {
   size_t next_slot_ = 0;
   Future<> last_upload_;  // the newest upload (the H2D stream runs them in order)
   // The GPU norm (item 5), made on first use: its launches so far, and the stream of the
-  // newest, which a launch on another stream is ordered after through norm_order_.
+  // newest, which a launch on another stream is ordered after (through Norm::order).
   struct Norm;
   std::unique_ptr<Norm> norm_;
   Landed landed_;

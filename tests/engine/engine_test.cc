@@ -752,8 +752,8 @@ void ExpectDelayedIsOneStepBehind(bool gpu) {
         EXPECT_EQ(delayed.visible[t], want) << "after step " << t + 1;
         EXPECT_EQ(delayed.steps[t], t < warmup ? t + 1 : t) << "after step " << t + 1;
         // Each Step reports the norm of the update it collected: its own in warm-up, else the
-        // one launched at the Step before (on the GPU that norm is made there, in float64 throughout;
-        // the host sums 16-vector runs in fp32 first: equal to ~1e-8 relative).
+        // one launched at the Step before (on the GPU that norm is made there, in float64
+        // throughout; the host sums 16-vector runs in fp32 first: equal to ~1e-8 relative).
         if (t != warmup) {  // at t == warmup nothing is collected
           const double want_norm = exact.norms[t < warmup ? t : t - 1];
           EXPECT_NEAR(delayed.norms[t], want_norm, 1e-6 * want_norm) << "after step " << t + 1;
