@@ -205,7 +205,8 @@ TEST_P(OptimizerStateTest, StepsAreBitIdenticalToInMemoryAdam) {
   std::ifstream trace(dir.File("trace.json"));
   std::string text((std::istreambuf_iterator<char>(trace)), {});
   EXPECT_NE(text.find("\"traceEvents\""), std::string::npos);
-  EXPECT_NE(text.find("adam thread 0"), std::string::npos);  // the Adam threads' shares
+  // The Adam threads' shares; tiles are handed out dynamically, so any thread may take them all.
+  EXPECT_NE(text.find("adam thread "), std::string::npos);
   if (variant.home == StateHome::kNvme) {
     EXPECT_NE(text.find("nvme slot 1"), std::string::npos);  // each slot's requests
     EXPECT_NE(text.find("nvme ring 0"), std::string::npos);  // each ring's busy spans
