@@ -153,7 +153,7 @@ def zoffload_config(args):
                               "offload_optimizer": {"device": "cpu", "pin_memory": True}},
         "zoffload": {"overlap": args.overlap, "optimizer_state": args.state,
                      "delayed_warmup_steps": 1, "cpu_adam_threads": args.threads,
-                     "trace_path": getattr(args, "trace", "")},
+                     "trace_path": getattr(args, "trace", "") or ""},
     }
 
 
@@ -169,7 +169,7 @@ def measure(args, name, model, tokens, step, extra_gpu=0):
     return meter
 
 
-def run_zoffload(args):
+def run_zoffload(args, name=""):
     import zoffload.torch
 
     model = build_model(args)
@@ -182,7 +182,7 @@ def run_zoffload(args):
         s = opt.stats()
         return {k: s[k] for k in ("adam_seconds", "wait_grads_seconds", "update_seconds")}
 
-    meter = measure(args, f"zoffload:{args.overlap}:{args.state}", model, tokens, step,
+    meter = measure(args, name or f"zoffload:{args.overlap}:{args.state}", model, tokens, step,
                     extra_gpu=opt.engine.gpu_bytes)
     opt.flush()
     meter.host_bytes = opt.engine.host_bytes

@@ -110,14 +110,13 @@ Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32
     Future<> read = copies->DeviceToHost(host, slot, piece, caller);
     if (read.Ready()) ZO_RETURN_IF_ERROR(read.Wait());  // an enqueue error
     while (!landing_.empty() && landing_.front().Ready()) landing_.pop_front();
+    landing_.push_back(read);
     if (landed_) {
-      landing_.push_back(
-          read.Then([landed = &landed_, p = Piece{host, piece, tag}](const Status& s) {
-            if (s.ok()) (*landed)(p);
-            return s;
-          }));
-    } else {
-      landing_.push_back(read);
+      {
+        std::lock_guard lock(arriving_mu_);
+        arriving_.push_back(read);
+      }
+      landed_(Piece{host, piece, tag});
     }
     in_flight_.push_back({head_, piece, std::move(read)});
     ++pieces_;
@@ -137,6 +136,17 @@ Status DevicePath::WaitLanded() {
   landing_.clear();
   in_flight_.clear();
   return status;
+}
+
+Status DevicePath::AwaitPiece() {
+  Future<> read;
+  {
+    std::lock_guard lock(arriving_mu_);
+    if (arriving_.empty()) return FailedPreconditionError("AwaitPiece: no piece is on its way");
+    read = std::move(arriving_.front());
+    arriving_.pop_front();
+  }
+  return read.Wait();
 }
 
 Status DevicePath::AddToNorm(const void* piece, uint64_t elements, DType dtype,

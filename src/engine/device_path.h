@@ -11,8 +11,11 @@
 //    gradients while backward runs, and after the last one only its own copy is left.
 // 3. Before the ring's head writes over a piece still being copied down, the caller's stream
 //    waits for that copy (on the GPU; the host never waits). Pieces are at most half the ring.
-// 4. When a Landed callback is set, each piece's D2H future is chained (Then) to it: it runs
-//    on a CUDA callback thread and must neither block nor call CUDA.
+// 4. When a Landed callback is set, Add calls it with each piece at once (on the caller's
+//    thread), and the one consumer of the pieces calls AwaitPiece before using each, in the
+//    same order: it blocks until that piece is on the host. No host function goes on the D2H
+//    stream, so a busy host (the CPU update under backward) cannot hold the copies up, nor
+//    through the ring the caller's stream behind them.
 // 5. Asked to (overlap "delayed", where the host has no time to spare), Add also adds the
 //    piece's squares and inf/NaN count to a gradient norm on the GPU, on the caller's stream
 //    before the piece's D2H; TakeNorm reads it once the pieces have landed.
@@ -33,6 +36,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -70,6 +74,9 @@ class DevicePath {
              const Future<>* upload = nullptr, const DType* norm = nullptr);
   /// Blocks until every piece is in host memory.
   Status WaitLanded();
+  /// With a Landed callback, from its consumer (one thread): blocks until the oldest piece
+  /// not yet awaited is in host memory, and returns its D2H's status.
+  Status AwaitPiece();
   /// The float64 norm and inf/NaN check of the gradients added with `norm` since the last
   /// call (deterministic for the same gradients in the same order); call after WaitLanded.
   Result<GradNorm> TakeNorm();
@@ -85,7 +92,7 @@ class DevicePath {
   /// device -> host, synchronously (pageable memory is fine).
   Status CopyToHost(void* host, const void* device, uint64_t bytes);
 
-  /// Pieces sent so far (each runs the Landed callback once, when set).
+  /// Pieces sent so far (each given to the Landed callback once, when set).
   uint64_t pieces() const { return pieces_; }
   uint64_t bytes_to_host() const { return bytes_to_host_; }
   uint64_t bytes_to_gpu() const { return bytes_to_gpu_; }
@@ -103,8 +110,12 @@ class DevicePath {
   DeviceMemory ring_;
   uint64_t head_ = 0;             // where the next piece goes in the ring
   std::deque<Region> in_flight_;  // pieces being copied down, newest last
-  // Each piece's D2H, then its Landed callback when set; finished ones are dropped.
+  // Each piece's D2H; finished ones are dropped.
   std::deque<Future<>> landing_;
+  // With a Landed callback: the D2H of each piece handed to it and not yet awaited, oldest
+  // first (the caller's thread adds, the consumer takes).
+  std::mutex arriving_mu_;
+  std::deque<Future<>> arriving_;
   std::vector<std::unique_ptr<Slot>> slots_;
   size_t next_slot_ = 0;
   Future<> last_upload_;  // the newest upload (the H2D stream runs them in order)

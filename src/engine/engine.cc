@@ -151,8 +151,9 @@ struct OffloadEngine::Impl : public ParamSink {
   uint64_t last_to_host = 0, last_to_gpu = 0;
   double last_upload_wait = 0;
 #endif
-  // The worker thread, when there is work for it: items come through a lock-free queue (from
-  // the D2H stream's host functions, or from this thread) and are handled in order:
+  // The worker thread, when there is work for it: items come through a lock-free queue from
+  // this thread (a gradient piece as its D2H is enqueued: the worker waits for it to land) and
+  // are handled in order:
   // - a landed gradient piece (GPU, accumulation > 1): added into the fp32 sums;
   // - once a parameter's last gradient of the window is all on the host: its norm part
   //   (overlap "none" on the GPU, with a few threads while backward runs, so that Step has no
@@ -198,9 +199,8 @@ struct OffloadEngine::Impl : public ParamSink {
   StepStats job_stats;
 
   ~Impl() override {
-    // The worker first (it finishes what is queued; an overlap "backward" update uploads
-    // through the device path), then the device path, which waits for every host function
-    // (a late landed piece only goes into the queue).
+    // The worker first (it finishes what is queued, waiting for each piece to land; an
+    // overlap "backward" update uploads through the device path), then the device path.
     if (worker.joinable()) {
       stopping = true;
       queued.release();
@@ -250,6 +250,11 @@ struct OffloadEngine::Impl : public ParamSink {
     if (item.tag == kRunUpdate) return RunUpdate();
     const size_t i = item.tag >> 2;
     Param& p = params[i];
+#if ZO_HAVE_CUDA
+    // A piece of a gradient, posted as its D2H was enqueued: it must be on the host first. A
+    // failed D2H is left out here; Step reports it (WaitLanded).
+    if (item.host != nullptr && !device->AwaitPiece().ok()) return;
+#endif
     if (item.host != nullptr && accumulation > 1) {  // a piece landed in p.landing
       const size_t element = DTypeBytes(p.dtype);
       const uint64_t first = static_cast<uint64_t>(item.host - p.landing.data()) / element;
