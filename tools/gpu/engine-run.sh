@@ -8,7 +8,8 @@
 #             291 tensors, backward stand-in of 670 ms), 16 threads;
 #   finetune  bench/finetune_7b.py: the systems in $SYSTEMS (default: all), 24 GiB cap,
 #             $LAYERS layers (default 32), $ACCUM micro-batches (default 1), JSON, table
-#             and plots into OUTDIR/ft7b.
+#             and plots into OUTDIR/ft7b; TRACE=1: each zoffload system's timeline too, and
+#             its summary (tools/trace_overlap.py).
 # Output and JSON into OUTDIR.
 #   tools/gpu/run-gpu-tests.sh tools/gpu/engine-run.sh OUTDIR [memcheck] [python] [1g] [7b] [finetune]
 set -uo pipefail
@@ -79,5 +80,7 @@ if [[ $parts == *finetune* ]]; then
   echo "== bench/finetune_7b.py (${SYSTEMS:-all systems}, ${LAYERS:-32} layers)"
   PYTHONPATH=$PWD/build-gpu/python:$PWD/.whl/site python3 bench/finetune_7b.py \
     ${SYSTEMS:+--systems "$SYSTEMS"} --layers "${LAYERS:-32}" --steps "${STEPS:-6}" \
-    --accumulation "${ACCUM:-1}" --timeout "${SYSTEM_TIMEOUT:-240}" --out "$out/ft7b" 2>&1 | grep -v "^  .* step [3-9]"
+    --accumulation "${ACCUM:-1}" --timeout "${SYSTEM_TIMEOUT:-240}" --out "$out/ft7b" \
+    ${TRACE:+--trace} 2>&1 | grep -v "^  .* step [3-9]"
+  for t in "$out"/ft7b/*_trace.json; do [ -e "$t" ] && python3 tools/trace_overlap.py "$t" | tail -12; done
 fi
