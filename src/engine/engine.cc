@@ -179,6 +179,9 @@ struct OffloadEngine::Impl : public ParamSink {
   std::vector<AdamHyper> window_hypers;
   std::vector<GradSquares> squares;    // each parameter's gradient
   std::vector<uint64_t> landed_bytes;  // of its last micro-batch (GPU)
+  // Accumulation > 1 on the GPU: the bytes of each parameter's micro-batches the worker has
+  // added into its sum this window (the next micro-batch lands where the last one did).
+  std::unique_ptr<std::atomic<uint64_t>[]> summed;
   std::vector<size_t> nonfinite;       // parameters whose gradient had inf/NaN
   Status worker_status;                // the worker's first error
   StepStats window_stats;              // CPU Adam time
@@ -251,16 +254,23 @@ struct OffloadEngine::Impl : public ParamSink {
     const size_t i = item.tag >> 2;
     Param& p = params[i];
 #if ZO_HAVE_CUDA
-    // A piece of a gradient, posted as its D2H was enqueued: it must be on the host first. A
-    // failed D2H is left out here; Step reports it (WaitLanded).
-    if (item.host != nullptr && !device->AwaitPiece().ok()) return;
-#endif
-    if (item.host != nullptr && accumulation > 1) {  // a piece landed in p.landing
-      const size_t element = DTypeBytes(p.dtype);
-      const uint64_t first = static_cast<uint64_t>(item.host - p.landing.data()) / element;
-      Accumulate(p.grads.as<float>() + first, item.host, p.dtype, item.bytes / element,
-                 (item.tag & 2) != 0);
+    if (item.host != nullptr) {
+      // A piece of a gradient, posted as its D2H was enqueued: it must be on the host first. A
+      // failed D2H is not used (Step reports it: WaitLanded), but counted all the same.
+      const bool ok = device->AwaitPiece().ok();
+      if (accumulation > 1) {  // the piece landed in p.landing
+        if (ok) {
+          const size_t element = DTypeBytes(p.dtype);
+          const uint64_t first = static_cast<uint64_t>(item.host - p.landing.data()) / element;
+          Accumulate(p.grads.as<float>() + first, item.host, p.dtype, item.bytes / element,
+                     (item.tag & 2) != 0);
+        }
+        summed[i].fetch_add(item.bytes);
+        summed[i].notify_all();
+      }
+      if (!ok) return;
     }
+#endif
     if (overlap != Overlap::kDelayed && (item.tag & 1) != 0) {
       landed_bytes[i] += item.bytes;
       if (landed_bytes[i] == p.bytes()) {
@@ -367,6 +377,9 @@ struct OffloadEngine::Impl : public ParamSink {
     }
     std::fill(squares.begin(), squares.end(), GradSquares{});
     std::fill(landed_bytes.begin(), landed_bytes.end(), 0);
+    if (summed != nullptr) {  // the worker is done with the last window (Step waited)
+      for (size_t i = 0; i < params.size(); ++i) summed[i].store(0);
+    }
     arrival.clear();
   }
 
@@ -390,14 +403,20 @@ struct OffloadEngine::Impl : public ParamSink {
     return Status::Ok();
   }
 
-  // Overlap "delayed": parameter i's new values to the model (after the work on `stream`).
-  Status UploadPending(size_t i, void* stream) {
-    Param& p = params[i];
-    if (!p.pending) return Status::Ok();
+  // Overlap "delayed": blocks until the launched update is past parameter i (it has read its
+  // gradient and written its new values).
+  void AwaitConsumed(size_t i) {
     const int64_t want = launched;
     for (int64_t seen = consumed[i].load(); seen < want; seen = consumed[i].load()) {
       consumed[i].wait(seen);
     }
+  }
+
+  // Overlap "delayed": parameter i's new values to the model (after the work on `stream`).
+  Status UploadPending(size_t i, void* stream) {
+    Param& p = params[i];
+    if (!p.pending) return Status::Ok();
+    AwaitConsumed(i);
     if (update_done.load() && (!job_result.ok() || job_result->skipped)) {
       p.pending = false;  // Collect reports the error
       return job_result.status();
@@ -431,7 +450,16 @@ struct OffloadEngine::Impl : public ParamSink {
   // ParamSink: chunk by chunk into pinned staging and up (GPU), or in place (host).
   Result<void*> Begin(size_t t, uint64_t first, uint64_t) override {
     Param& p = params[t];
-    if (in_update) return static_cast<void*>(p.Out() + first * DTypeBytes(p.dtype));
+    if (in_update) {
+#if ZO_HAVE_CUDA
+      // In `staged`, after the last values went up from there (with accumulation 1, Out() is
+      // where the gradient landed, after that upload).
+      if (first == 0 && !p.staged.empty() && p.upload.valid()) {
+        ZO_RETURN_IF_ERROR(p.upload.Wait());
+      }
+#endif
+      return static_cast<void*>(p.Out() + first * DTypeBytes(p.dtype));
+    }
 #if ZO_HAVE_CUDA
     if (gpu) {
       ZO_ASSIGN_OR_RETURN(slot, device->AcquireSlot());
@@ -664,6 +692,10 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
   }
   e.pieces_to_worker = e.gpu && (e.accumulation > 1 || e.overlap != Overlap::kDelayed);
   e.norm_on_landing = e.gpu && e.overlap == Overlap::kNone;
+  if (e.gpu && e.accumulation > 1) {
+    e.summed = std::make_unique<std::atomic<uint64_t>[]>(e.params.size());
+    for (size_t i = 0; i < e.params.size(); ++i) e.summed[i].store(0);
+  }
   e.gpu_norm = e.gpu && e.accumulation == 1 && e.overlap == Overlap::kDelayed;
   if (e.overlap == Overlap::kBackward || e.norm_on_landing) {
     e.squares.resize(e.params.size());
@@ -723,8 +755,10 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
   const size_t i = static_cast<size_t>(p - e.params.data());
   if (e.grads_in_window == 0) e.BeginWindow();
   // Delayed: the last update's values for this parameter go up now that backward is done
-  // with it (and before its new gradient may land where they wait).
-  if (!add) ZO_RETURN_IF_ERROR(e.UploadPending(i, stream));
+  // with it (and before its new gradient may land where they wait): at the window's last
+  // micro-batch, so that every micro-batch's forward sees the same (one step older) values
+  // and the next forward runs after the uploads (Step's caller waits for them).
+  if (last) ZO_RETURN_IF_ERROR(e.UploadPending(i, stream));
 #if ZO_HAVE_CUDA
   if (e.gpu) {
     const Future<>* upload = p->upload.valid() ? &p->upload : nullptr;
@@ -733,7 +767,10 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
                                        stream, upload, e.gpu_norm ? &p->dtype : nullptr));
     } else {
       // A new micro-batch lands where the last one did: the worker must have added it in.
-      if (e.grads_in_window % e.params.size() == 0) e.AwaitWorker();
+      const uint64_t want = static_cast<uint64_t>(p->received) * p->bytes();
+      for (uint64_t seen = e.summed[i].load(); seen < want; seen = e.summed[i].load()) {
+        e.summed[i].wait(seen);
+      }
       ZO_RETURN_IF_ERROR(e.device->Add(grad, p->bytes(), p->landing.data(), Impl::Tag(i, add, last),
                                        stream, upload));
     }
@@ -742,6 +779,8 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
   (void)stream;
 #endif
   if (!e.gpu) {
+    // Delayed, accumulation > 1: the first micro-batch goes over the sum the update reads.
+    if (e.overlap == Overlap::kDelayed && !add && !last && e.params[i].pending) e.AwaitConsumed(i);
     if (e.accumulation == 1) {
       std::memcpy(p->grads.data(), grad, p->bytes());
     } else {
