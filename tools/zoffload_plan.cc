@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -30,12 +31,17 @@ namespace {
 constexpr const char* kUsage =
     "usage: zoffload-plan (--model NAME|CONFIG.json | --params N) [--gpu-mem SIZE]\n"
     "                     [--host-mem SIZE] [--nvme DIR ...] [--batch B] [--seq S]\n"
-    "                     [--accumulation N] [--no-checkpointing] [--bench-json FILE ...]\n"
-    "                     [--measure] [--config DS.json] [--json OUT]\n"
+    "                     [--accumulation N] [--no-checkpointing] [--world N] [--stage S]\n"
+    "                     [--offload-param] [--bench-json FILE ...] [--measure]\n"
+    "                     [--config DS.json] [--json OUT]\n"
     "  --model        llama-7b, llama-13b, llama-70b, llama3-8b, or a HuggingFace config.json\n"
     "  --gpu-mem      the GPU memory the run may use (e.g. 24GiB; default: GPU 0's)\n"
     "  --host-mem     host memory it may use (default: this machine's)\n"
     "  --nvme DIR     NVMe directories for optimizer state (their free space counts)\n"
+    "  --world N      data-parallel ranks on this machine, one GPU each (memory per GPU, the\n"
+    "                 machine's host memory; step times for one rank only)\n"
+    "  --stage S      zero_optimization.stage 1, 2 (default) or 3; --offload-param: stage 3\n"
+    "                 with the parameters in host memory (memory only: not in zoffload yet)\n"
     "  --bench-json   speeds: zoffload-bench adam/nvme/engine JSON, bench/finetune_7b.py JSON\n"
     "                 (its fwd_bwd system gives the GPU's forward+backward time)\n"
     "  --measure      measure CPU Adam (each state precision) and the --nvme disks here, in\n"
@@ -62,11 +68,14 @@ std::string ConfigJson(const Candidate& c, const std::vector<std::string>& nvme,
     offload["nvme_path"] = nvme.front();
     offload["ratio"] = c.nvme_ratio;
   }
+  nlohmann::ordered_json zero = {{"stage", w.stage},
+                                 {"reduce_bucket_size", w.bucket_elements},
+                                 {"offload_optimizer", offload}};
+  if (w.offload_param) zero["offload_param"] = {{"device", "cpu"}, {"pin_memory", true}};
   nlohmann::ordered_json j = {
       {"gradient_accumulation_steps", w.accumulation},
       {"bf16", {{"enabled", true}}},
-      {"zero_optimization",
-       {{"stage", 2}, {"reduce_bucket_size", w.bucket_elements}, {"offload_optimizer", offload}}},
+      {"zero_optimization", std::move(zero)},
       {"zoffload", {{"overlap", ToString(c.overlap)}, {"optimizer_state", ToString(c.state)}}}};
   return j.dump(2);
 }
@@ -98,6 +107,11 @@ Status Measure(const std::vector<std::string>& nvme, Speeds* speeds) {
     }
   }
   return Status::Ok();
+}
+
+std::string Describe(const Candidate& c) {
+  return StrCat("overlap ", ToString(c.overlap), ", ", ToString(c.state), " state",
+                c.nvme_ratio > 0 ? StrCat(", ", c.nvme_ratio, " on NVMe") : ", in host memory");
 }
 
 int Fail(const std::string& message, int code = 1) {
@@ -160,10 +174,26 @@ int Main(int argc, char** argv) {
       w.accumulation = static_cast<int>(std::min<uint64_t>(n, 1 << 20));
     } else if (a == "--no-checkpointing") {
       w.checkpointing = false;
+    } else if (a == "--world" || a == "--stage") {
+      const std::string v = value();
+      const int limit = a == "--world" ? 1024 : 3;
+      int n = 0;
+      const auto [end, err] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (err != std::errc() || end != v.data() + v.size() || n < 1 || n > limit) {
+        std::fprintf(stderr, "zoffload-plan: %s: '%s' is not an integer from 1 to %d\n", a.c_str(),
+                     v.c_str(), limit);
+        return 2;
+      }
+      (a == "--world" ? w.world : w.stage) = n;
+    } else if (a == "--offload-param") {
+      w.offload_param = true;
     } else {
       std::fprintf(stderr, "zoffload-plan: unknown argument '%s'\n%s", a.c_str(), kUsage);
       return 2;
     }
+  }
+  if (w.offload_param && w.stage != 3) {
+    return Fail("--offload-param needs --stage 3 (parameters are partitioned only there)", 2);
   }
   if (model_arg.empty() == (params == 0)) {
     return Fail(StrCat("give --model or --params (one of them)\n", kUsage), 2);
@@ -197,7 +227,11 @@ int Main(int argc, char** argv) {
     auto config = LoadConfigFile(config_path);
     if (!config.ok()) return Fail(config.status().message());
     w.accumulation = static_cast<int>(config->gradient_accumulation_steps.value_or(1));
-    w.bucket_elements = static_cast<uint64_t>(config->zero_optimization.reduce_bucket_size);
+    const ZeroConfig& zero = config->zero_optimization;
+    w.bucket_elements = static_cast<uint64_t>(zero.reduce_bucket_size);
+    w.stage = std::max(1, zero.stage);
+    w.offload_param = zero.stage == 3 && zero.offload_param.device != OffloadDevice::kNone;
+    w.live_elements = static_cast<uint64_t>(zero.stage3_max_live_parameters);
     const auto& oo = config->zero_optimization.offload_optimizer;
     if (oo.device != OffloadDevice::kCpu && oo.device != OffloadDevice::kNvme) {
       return Fail(StrCat(config_path,
@@ -262,6 +296,9 @@ int Main(int argc, char** argv) {
               model.name.c_str(), static_cast<double>(model.params) / 1e9,
               static_cast<unsigned long long>(w.batch), static_cast<unsigned long long>(w.sequence),
               w.accumulation, w.checkpointing ? "on" : "off");
+  std::printf("ZeRO stage %d%s, %d rank%s (GPU memory per rank, host and NVMe for the machine)\n",
+              w.stage, w.offload_param ? " with offload_param cpu" : "", w.world,
+              w.world == 1 ? "" : "s");
   std::printf("capacity: GPU %s GiB, host %s GiB, NVMe %s GiB free\n\n", Gib(gpu_mem).c_str(),
               Gib(host_mem).c_str(), Gib(nvme_free).c_str());
   std::printf("%-9s %-5s %5s %8s %8s %8s %8s  %s\n", "overlap", "state", "nvme", "GPU GiB",
@@ -287,6 +324,10 @@ int Main(int argc, char** argv) {
         Gib(r.e.gpu_bytes).c_str(), Gib(r.e.host_bytes).c_str(), Gib(r.e.nvme_bytes).c_str(),
         r.e.step_seconds > 0 ? StrCat(r.e.step_seconds, " s/step").c_str() : "step time unknown",
         r.fits ? "fits" : StrCat("does not fit: ", r.why).c_str());
+    if (!r.fits && rows.front().fits) {
+      std::printf("  it fits with %s (the advice below)\n",
+                  Describe(rows.front().e.candidate).c_str());
+    }
     out["config"] = {{"path", config_path},
                      {"gpu_bytes", r.e.gpu_bytes},
                      {"host_bytes", r.e.host_bytes},
@@ -317,10 +358,15 @@ int Main(int argc, char** argv) {
       if (r.e.host_bytes + r.e.gpu_bytes < least->e.host_bytes + least->e.gpu_bytes) least = &r;
     }
     std::string help;
-    if (least->e.gpu_params > gpu_mem) {
+    if (least->e.gpu_params > gpu_mem && !w.offload_param) {
+      Workload infinity = w;
+      infinity.stage = 3;
+      infinity.offload_param = true;
+      const Estimate e = EstimateRun(model, infinity, least->e.candidate, *speeds);
       help = StrCat("; the bf16 parameters alone take ", Gib(least->e.gpu_params),
-                    " GiB of GPU memory: that needs ZeRO-3 parameter offload, which zoffload "
-                    "does not have yet");
+                    " GiB of GPU memory: with ZeRO-3 parameter offload (--stage 3 "
+                    "--offload-param; not in zoffload yet) it would take GPU ",
+                    Gib(e.gpu_bytes), " GiB, host ", Gib(e.host_bytes), " GiB");
     } else if (least->e.gpu_bytes > gpu_mem) {
       help = "; less GPU memory: a smaller --batch or --seq, or gradient checkpointing";
     } else if (nvme.empty()) {
@@ -348,6 +394,34 @@ int Main(int argc, char** argv) {
                                           "zoffload-bench adam run for this state precision)",
                 config.c_str());
     out["advice"] = nlohmann::ordered_json::parse(config);
+    if (w.world > 1 || w.stage == 3) {
+      std::printf("(memory only: ZeRO over NCCL and stage 3 are not in zoffload yet)\n");
+    }
+    // The next best, and why each is slower or does not fit.
+    nlohmann::ordered_json alternatives = nlohmann::ordered_json::array();
+    std::printf("\nalternatives:\n");
+    for (size_t k = 1; k < rows.size() && k <= 3; ++k) {
+      const Row& r = rows[k];
+      std::string why;
+      if (!r.fits) {
+        why = StrCat("does not fit: ", r.why);
+      } else if (r.e.step_seconds > 0 && best.e.step_seconds > 0) {
+        const double slower = r.e.step_seconds - best.e.step_seconds;
+        char text[96];
+        std::snprintf(text, sizeof(text),
+                      "%.3f s/step, %.3f s (%.0f %%) slower; bound: ", r.e.step_seconds, slower,
+                      100 * slower / best.e.step_seconds);
+        why = StrCat(text, r.e.bound);
+      } else {
+        why = "step time unknown (no CPU Adam figure for this state precision)";
+      }
+      std::printf("  %s: %s\n", Describe(r.e.candidate).c_str(), why.c_str());
+      alternatives.push_back({{"overlap", ToString(r.e.candidate.overlap)},
+                              {"optimizer_state", ToString(r.e.candidate.state)},
+                              {"nvme_ratio", r.e.candidate.nvme_ratio},
+                              {"why", why}});
+    }
+    out["alternatives"] = std::move(alternatives);
   }
   if (!json_out.empty()) {
     std::ofstream f(json_out);

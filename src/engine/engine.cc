@@ -182,9 +182,9 @@ struct OffloadEngine::Impl : public ParamSink {
   // Accumulation > 1 on the GPU: the bytes of each parameter's micro-batches the worker has
   // added into its sum this window (the next micro-batch lands where the last one did).
   std::unique_ptr<std::atomic<uint64_t>[]> summed;
-  std::vector<size_t> nonfinite;       // parameters whose gradient had inf/NaN
-  Status worker_status;                // the worker's first error
-  StepStats window_stats;              // CPU Adam time
+  std::vector<size_t> nonfinite;  // parameters whose gradient had inf/NaN
+  Status worker_status;           // the worker's first error
+  StepStats window_stats;         // CPU Adam time
   // Overlap "delayed": the update launched at a Step runs on the worker during the next
   // window; each parameter's next gradient waits until the update has read this one.
   std::vector<size_t> arrival;  // parameters in the order their window's last gradient came

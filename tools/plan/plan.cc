@@ -103,8 +103,15 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   Estimate e;
   e.candidate = c;
   const uint64_t p = m.params;
-  // GPU.
-  e.gpu_params = 2 * p;
+  const auto n = static_cast<uint64_t>(std::max(1, w.world));
+  const bool stage3 = w.stage == 3;
+  // GPU, per rank.
+  if (stage3) {
+    const uint64_t window = n > 1 || w.offload_param ? 2 * std::min(w.live_elements, p) : 0;
+    e.gpu_params = (w.offload_param ? 0 : (2 * p + n - 1) / n) + window;
+  } else {
+    e.gpu_params = 2 * p;
+  }
   e.gpu_ring = std::min<uint64_t>(2 * 2 * w.bucket_elements, 2 * p);
   if (m.hidden > 0) {
     const uint64_t bs = w.batch * w.sequence;
@@ -119,7 +126,9 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   const auto on_nvme = static_cast<uint64_t>(static_cast<double>(state) * c.nvme_ratio);
   e.host_state = state - on_nvme;
   e.host_grads = w.accumulation > 1 ? 6 * p : 2 * p;
-  e.host_bytes = e.host_state + e.host_grads + kProcessBytes;
+  e.host_params = stage3 && w.offload_param ? 2 * p : 0;
+  e.host_process = n * kProcessBytes;
+  e.host_bytes = e.host_state + e.host_grads + e.host_params + e.host_process;
   e.nvme_bytes = 2 * on_nvme;
   // Step time.
   const double rate = s.adam(c.state);
@@ -131,10 +140,14 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
     e.io_seconds = moved / (s.nvme_read_gbps * 1e9) + moved / (s.nvme_write_gbps * 1e9);
   }
   const bool io_known = on_nvme == 0 || e.io_seconds > 0;
-  if (rate > 0 && s.fwd_bwd_seconds > 0 && io_known) {
+  if (n > 1 || stage3) {
+    e.bound = "no step time: ZeRO over NCCL and stage 3 are not measured yet";
+  } else if (rate > 0 && s.fwd_bwd_seconds > 0 && io_known) {
     const double f = s.fwd_bwd_seconds;
     const double h = kHandOverSeconds * static_cast<double>(m.tensors);
-    const double slow = c.overlap == Overlap::kNone ? 1.0 : kOverlapSlowdown;
+    const double slow = c.overlap == Overlap::kNone       ? 1.0
+                        : c.overlap == Overlap::kBackward ? kBackwardSlowdown
+                                                          : kDelayedSlowdown;
     const double update = std::max(e.adam_seconds * slow, e.io_seconds);
     const std::string cpu = update > e.io_seconds || e.io_seconds == 0 ? "CPU Adam" : "NVMe";
     switch (c.overlap) {

@@ -1,24 +1,33 @@
 // zoffload-plan's model: what a training run through the OffloadEngine holds in each tier
 // (GPU, host, NVMe) and how long its step takes, for a model shape and this machine's speeds.
 //
-// Memory (bytes; P parameters, b x s tokens per micro-batch, world size 1):
-// - GPU: the bf16 parameters (2P), zoffload's gradient ring (two buckets of
+// Memory (bytes; P parameters, b x s tokens per micro-batch, N data-parallel ranks on this
+// machine, one GPU each; GPU figures are per GPU, host and NVMe figures for the machine):
+// - GPU: the bf16 parameters (2P; ZeRO stage 3: the rank's partition 2P/N, none with
+//   offload_param, plus the gathered window of at most stage3_max_live_parameters, 2 bytes
+//   each, when N > 1 or offload_param), zoffload's gradient ring (two buckets of
 //   reduce_bucket_size elements, 2 bytes each, capped at 2P), and the activations: with
 //   gradient checkpointing each layer's input (2bsh) plus one layer recomputed (2bs(4h + 3i))
 //   and the logits in bf16, fp32 and their gradient (10bsV); without it, 34bsh per layer (the
 //   stored tensors of a transformer layer with fused attention) plus the logits.
 // - host: the fp32 master (4P) and Adam's moments (fp32 8P, bf16 4P, int8 2P + scales) on the
 //   host share (1 - ratio), the gradient buffers (accumulation 1: 2P, the gradient in place;
-//   more: 4P fp32 sums + 2P landing), the process itself (kProcessBytes: torch and CUDA).
+//   more: 4P fp32 sums + 2P landing), stage 3 with offload_param the bf16 parameters (2P), and
+//   each rank's process (N kProcessBytes: torch and CUDA). Stages 1-3 partition the state and
+//   the gradient buffers across the ranks (each holds 1/N: the machine holds them once); stage
+//   1 all-reduces the gradients and keeps its partition, stage 2 reduce-scatters them: the
+//   same memory, with twice the communication at stage 1.
 // - NVMe: the NVMe share of the state, twice (the optimizer state keeps two copies).
-// Step time (seconds), from the forward+backward time F (backward is kBackwardShare of it), CPU
-// Adam's rate for the layout, and NVMe's rate for the NVMe share:
-// - none: F + Adam; backward: F(1 - kBackwardShare) + max(F kBackwardShare, k Adam);
-//   delayed: max(F, k Adam), where k = kOverlapSlowdown is Adam's slowdown when it runs beside
-//   the training loop (measured on the H200, docs/PERF.md). Each parameter tensor adds
-//   kHandOverSeconds to the backward (H: hooks, copies and uploads around the step). NVMe state
-//   adds its I/O where the pipeline cannot hide it: max(Adam, I/O) replaces Adam; the I/O moves the
-//   NVMe share's bytes in and out at the disk's mixed read+write rate (or read, then write).
+// Step time (seconds; one rank, stages 1-2: what runs today), from the forward+backward time F
+// (backward is kBackwardShare of it), CPU Adam's rate for the layout, and NVMe's rate for the
+// NVMe share:
+// - none: F + Adam; backward: F(1 - kBackwardShare) + max(F kBackwardShare, kb Adam);
+//   delayed: max(F, kd Adam), where kb = kBackwardSlowdown and kd = kDelayedSlowdown are
+//   Adam's slowdowns beside the training loop (measured on the H200, docs/PERF.md). Each parameter
+//   tensor adds kHandOverSeconds to the backward (H: hooks, copies and uploads around the step).
+//   NVMe state adds its I/O where the pipeline cannot hide it: max(Adam, I/O) replaces Adam; the
+//   I/O moves the NVMe share's bytes in and out at the disk's mixed read+write rate (or read, then
+//   write).
 #pragma once
 
 #include <cstdint>
@@ -30,12 +39,16 @@
 
 namespace zoffload::internal::plan {
 
-inline constexpr double kBackwardShare = 0.75;  // of forward+backward, with checkpointing
-inline constexpr double kOverlapSlowdown = 1.2;
+inline constexpr double kBackwardShare = 0.73;  // of forward+backward, with checkpointing
+// CPU Adam beside the training loop, against alone (7B runs 3-4): per parameter as gradients
+// land (overlap backward: each one's own norm pass, the threads half idle while backward
+// runs), and in one pass during the next step (overlap delayed).
+inline constexpr double kBackwardSlowdown = 1.22;
+inline constexpr double kDelayedSlowdown = 1.06;
 inline constexpr uint64_t kProcessBytes = uint64_t{3} << 29;  // 1.5 GiB: torch, CUDA context
 // Per parameter tensor: what a step takes beyond forward+backward and the update (the hooks,
 // the last gradients' copy, the last uploads); fitted on the 7B runs, not a measured phase.
-inline constexpr double kHandOverSeconds = 0.6e-3;
+inline constexpr double kHandOverSeconds = 0.15e-3;
 
 struct ModelShape {
   std::string name;
@@ -57,7 +70,11 @@ struct Workload {
   uint64_t batch = 4, sequence = 2048;
   int accumulation = 1;
   bool checkpointing = true;
-  uint64_t bucket_elements = 50'000'000;  ///< reduce_bucket_size
+  uint64_t bucket_elements = 50'000'000;   ///< reduce_bucket_size
+  int world = 1;                           ///< data-parallel ranks on this machine, a GPU each
+  int stage = 2;                           ///< zero_optimization.stage (0 counts as 1)
+  bool offload_param = false;              ///< stage 3: offload_param.device "cpu"
+  uint64_t live_elements = 1'000'000'000;  ///< stage 3: stage3_max_live_parameters
 };
 
 struct Candidate {
@@ -78,10 +95,11 @@ struct Speeds {
 struct Estimate {
   Candidate candidate;
   uint64_t gpu_bytes = 0, host_bytes = 0, nvme_bytes = 0;
-  uint64_t gpu_params = 0, gpu_ring = 0, gpu_activations = 0;
-  uint64_t host_state = 0, host_grads = 0;
+  uint64_t gpu_params = 0, gpu_ring = 0, gpu_activations = 0;  ///< per GPU
+  uint64_t host_state = 0, host_grads = 0, host_params = 0;    ///< the machine's
+  uint64_t host_process = 0;
   double adam_seconds = 0, io_seconds = 0, step_seconds = 0;  ///< 0: a speed is unknown
-  std::string bound;  ///< "GPU (forward+backward)", "CPU Adam", "NVMe"
+  std::string bound;  ///< "GPU (forward+backward)", "CPU Adam", "NVMe", or why no time
 };
 
 Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c, const Speeds& s);
