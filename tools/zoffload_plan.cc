@@ -1,6 +1,7 @@
 // zoffload-plan: will this model fit here, with which config, and how fast — memory per tier
 // for every candidate config, the step time from this machine's measured speeds, and the
 // fastest config that fits, as a ds_config the parser accepts (tools/plan/plan.h has the model).
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -268,6 +269,7 @@ int Main(int argc, char** argv) {
     if (r.e.host_bytes > host_mem) {
       short_of.push_back(StrCat("host ", Gib(r.e.host_bytes), " > ", Gib(host_mem), " GiB"));
     }
+
     if (r.e.nvme_bytes > nvme_free) {
       short_of.push_back(StrCat("NVMe ", Gib(r.e.nvme_bytes), " > ", Gib(nvme_free), " GiB"));
     }
@@ -301,17 +303,17 @@ int Main(int argc, char** argv) {
               w.world == 1 ? "" : "s");
   std::printf("capacity: GPU %s GiB, host %s GiB, NVMe %s GiB free\n\n", Gib(gpu_mem).c_str(),
               Gib(host_mem).c_str(), Gib(nvme_free).c_str());
-  std::printf("%-9s %-5s %5s %8s %8s %8s %8s  %s\n", "overlap", "state", "nvme", "GPU GiB",
-              "host GiB", "NVMe GiB", "s/step", "bound / what does not fit");
+  std::printf("%-9s %-5s %5s %8s %8s %8s %8s %8s  %s\n", "overlap", "state", "nvme", "GPU GiB",
+              "host GiB", "pinned", "NVMe GiB", "s/step", "bound / what does not fit");
   for (const Row& r : rows) {
     const Candidate& c = r.e.candidate;
-    std::printf("%-9s %-5s %5.2f %8s %8s %8s %8s  %s\n", std::string(ToString(c.overlap)).c_str(),
-                std::string(ToString(c.state)).c_str(), c.nvme_ratio, Gib(r.e.gpu_bytes).c_str(),
-                Gib(r.e.host_bytes).c_str(), Gib(r.e.nvme_bytes).c_str(),
-                r.e.step_seconds > 0
-                    ? StrCat(static_cast<int>(r.e.step_seconds * 1000) / 1000.0).c_str()
-                    : "?",
-                r.fits ? r.e.bound.c_str() : StrCat("does not fit: ", r.why).c_str());
+    std::printf(
+        "%-9s %-5s %5.2f %8s %8s %8s %8s %8s  %s\n", std::string(ToString(c.overlap)).c_str(),
+        std::string(ToString(c.state)).c_str(), c.nvme_ratio, Gib(r.e.gpu_bytes).c_str(),
+        Gib(r.e.host_bytes).c_str(), Gib(r.e.host_pinned).c_str(), Gib(r.e.nvme_bytes).c_str(),
+        r.e.step_seconds > 0 ? StrCat(static_cast<int>(r.e.step_seconds * 1000) / 1000.0).c_str()
+                             : "?",
+        r.fits ? r.e.bound.c_str() : StrCat("does not fit: ", r.why).c_str());
   }
   nlohmann::ordered_json out = {{"model", model.name}, {"params", model.params}};
   if (given) {
@@ -343,6 +345,7 @@ int Main(int argc, char** argv) {
                     {"nvme_ratio", r.e.candidate.nvme_ratio},
                     {"gpu_bytes", r.e.gpu_bytes},
                     {"host_bytes", r.e.host_bytes},
+                    {"host_pinned_bytes", r.e.host_pinned},
                     {"nvme_bytes", r.e.nvme_bytes},
                     {"step_seconds", r.e.step_seconds},
                     {"bound", r.e.bound},
@@ -396,6 +399,16 @@ int Main(int argc, char** argv) {
     out["advice"] = nlohmann::ordered_json::parse(config);
     if (w.world > 1 || w.stage == 3) {
       std::printf("(memory only: ZeRO over NCCL and stage 3 are not in zoffload yet)\n");
+    }
+    // Pinned buffers come from cudaHostAlloc; where the locked-memory limit applies to them,
+    // pinning would fail above it.
+    struct rlimit memlock {};
+    if (::getrlimit(RLIMIT_MEMLOCK, &memlock) == 0 && memlock.rlim_cur != RLIM_INFINITY &&
+        best.e.host_pinned > memlock.rlim_cur) {
+      std::printf(
+          "note: it pins %s GiB of host memory and ulimit -l is %s GiB; if pinning "
+          "fails (zoffload-report says), raise ulimit -l\n",
+          Gib(best.e.host_pinned).c_str(), Gib(static_cast<uint64_t>(memlock.rlim_cur)).c_str());
     }
     // The next best, and why each is slower or does not fit.
     nlohmann::ordered_json alternatives = nlohmann::ordered_json::array();

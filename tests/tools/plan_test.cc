@@ -36,11 +36,18 @@ TEST(PlanTest, MemoryByHand) {
   Estimate e = EstimateRun(m, w, {Overlap::kNone, StatePrecision::kFp32, 0}, {});
   EXPECT_EQ(e.gpu_bytes, 2000u + 2000u);
   EXPECT_EQ(e.host_bytes, 1000u * (4 + 8) + 2000u + kProcessBytes);
+  EXPECT_EQ(e.host_pinned, 2000u);  // the gradients, where they land
   EXPECT_EQ(e.nvme_bytes, 0u);
   // bf16 moments: 4 B/param; accumulation 2: fp32 sums and a landing buffer, 6 B/param.
   w.accumulation = 2;
   e = EstimateRun(m, w, {Overlap::kNone, StatePrecision::kBf16, 0}, {});
   EXPECT_EQ(e.host_bytes, 1000u * (4 + 4) + 6000u + kProcessBytes);
+  EXPECT_EQ(e.host_pinned, 2000u);  // the landing buffers; the sums are pageable
+  // Delayed with accumulation: the new values wait in a buffer of their own (2 B/param more,
+  // pinned: they go up from there).
+  e = EstimateRun(m, w, {Overlap::kDelayed, StatePrecision::kBf16, 0}, {});
+  EXPECT_EQ(e.host_grads, 8000u);
+  EXPECT_EQ(e.host_pinned, 4000u);
   // int8: 1 B/param per moment and one fp32 scale per 256: 2 x (1000 + 4 x 4) bytes.
   w.accumulation = 1;
   e = EstimateRun(m, w, {Overlap::kNone, StatePrecision::kInt8, 0}, {});
@@ -99,6 +106,7 @@ TEST(PlanTest, StageAndWorldMemoryByHand) {
   EXPECT_EQ(e.gpu_params, 200u);
   EXPECT_EQ(e.host_params, 2000u);
   EXPECT_EQ(e.host_bytes, 12000u + 2000u + 2000u + 4 * kProcessBytes);
+  EXPECT_EQ(e.host_pinned, 2000u + 2000u);
   // One rank at stage 3 without offload_param: nothing to gather, as stage 2.
   w = Workload{};
   w.stage = 3;
@@ -148,6 +156,13 @@ TEST(PlanTest, StepTimeByMode) {
   EXPECT_DOUBLE_EQ(
       EstimateRun(shaped, w, {Overlap::kDelayed, StatePrecision::kFp32, 0}, s).step_seconds,
       1.0 + 1000 * kHandOverSeconds);
+  // Accumulation > 1 is not modelled: no time, and it says so.
+  Workload accumulating;
+  accumulating.accumulation = 4;
+  const Estimate acc =
+      EstimateRun(m, accumulating, {Overlap::kDelayed, StatePrecision::kFp32, 0}, s);
+  EXPECT_EQ(acc.step_seconds, 0.0);
+  EXPECT_NE(acc.bound.find("accumulation > 1"), std::string::npos) << acc.bound;
   // Without speeds, no time.
   EXPECT_EQ(EstimateRun(m, w, {Overlap::kNone, StatePrecision::kFp32, 0}, {}).step_seconds, 0.0);
 }
@@ -199,6 +214,11 @@ TEST(PlanTest, EstimatesMatchThe7BRunsOnTheH200) {
   EXPECT_LE(std::abs(fp32.gpu_bytes / gib / 17.98 - 1), 0.10) << fp32.gpu_bytes / gib;
   EXPECT_LE(std::abs(fp32.host_bytes / gib / 89.72 - 1), 0.10) << fp32.host_bytes / gib;
   EXPECT_LE(std::abs(bf16.host_bytes / gib / 64.62 - 1), 0.10) << bf16.host_bytes / gib;
+  // Accumulation 4, delayed, bf16 state: 102.0 GiB (finetune_7b_h200_run4_accum4_b.json).
+  Workload four;
+  four.accumulation = 4;
+  const Estimate acc4 = EstimateRun(m, four, {Overlap::kDelayed, StatePrecision::kBf16, 0}, {});
+  EXPECT_LE(std::abs(acc4.host_bytes / gib / 102.0 - 1), 0.10) << acc4.host_bytes / gib;
 }
 
 // The tool as a user runs it: advice that the config parser accepts, the JSON, and clear

@@ -12,15 +12,18 @@
 //   stored tensors of a transformer layer with fused attention) plus the logits.
 // - host: the fp32 master (4P) and Adam's moments (fp32 8P, bf16 4P, int8 2P + scales) on the
 //   host share (1 - ratio), the gradient buffers (accumulation 1: 2P, the gradient in place;
-//   more: 4P fp32 sums + 2P landing), stage 3 with offload_param the bf16 parameters (2P), and
+//   more: 4P fp32 sums + 2P landing, and with overlap delayed 2P for the new values), stage 3
+//   with offload_param the bf16 parameters (2P), and
 //   each rank's process (N kProcessBytes: torch and CUDA). Stages 1-3 partition the state and
 //   the gradient buffers across the ranks (each holds 1/N: the machine holds them once); stage
 //   1 all-reduces the gradients and keeps its partition, stage 2 reduce-scatters them: the
-//   same memory, with twice the communication at stage 1.
+//   same memory, with twice the communication at stage 1. Pinned (page-locked, counted against
+//   the memlock limit): what the GPU copies to or from — the bf16 gradient buffers (landing,
+//   new values) and offloaded parameters; the state and the fp32 sums are pageable.
 // - NVMe: the NVMe share of the state, twice (the optimizer state keeps two copies).
-// Step time (seconds; one rank, stages 1-2: what runs today), from the forward+backward time F
-// (backward is kBackwardShare of it), CPU Adam's rate for the layout, and NVMe's rate for the
-// NVMe share:
+// Step time (seconds; one rank, stages 1-2, accumulation 1: what is measured), from the
+// forward+backward time F (backward is kBackwardShare of it), CPU Adam's rate for the layout, and
+// NVMe's rate for the NVMe share:
 // - none: F + Adam; backward: F(1 - kBackwardShare) + max(F kBackwardShare, kb Adam);
 //   delayed: max(F, kd Adam), where kb = kBackwardSlowdown and kd = kDelayedSlowdown are
 //   Adam's slowdowns beside the training loop (measured on the H200, docs/PERF.md). Each parameter
@@ -98,6 +101,7 @@ struct Estimate {
   uint64_t gpu_params = 0, gpu_ring = 0, gpu_activations = 0;  ///< per GPU
   uint64_t host_state = 0, host_grads = 0, host_params = 0;    ///< the machine's
   uint64_t host_process = 0;
+  uint64_t host_pinned = 0;                                   ///< of host_bytes: page-locked
   double adam_seconds = 0, io_seconds = 0, step_seconds = 0;  ///< 0: a speed is unknown
   std::string bound;  ///< "GPU (forward+backward)", "CPU Adam", "NVMe", or why no time
 };
