@@ -156,6 +156,24 @@ TEST(PlanTest, StepTimeByMode) {
   EXPECT_DOUBLE_EQ(
       EstimateRun(shaped, w, {Overlap::kDelayed, StatePrecision::kFp32, 0}, s).step_seconds,
       1.0 + 1000 * kHandOverSeconds);
+  // PCIe, by hand: 4e9 bytes each way; 1 GB/s alone (4 s), 0.5 GB/s each way at once (8 s).
+  Speeds link = s;
+  link.adam(StatePrecision::kFp32) = 1.0;  // 2 s of Adam
+  link.pcie_h2d_gbps = link.pcie_d2h_gbps = 1.0;
+  link.pcie_both_gbps = 0.5;
+  const double fwd = 1 - kBackwardShare;
+  Estimate e = EstimateRun(m, w, {Overlap::kNone, StatePrecision::kFp32, 0}, link);
+  EXPECT_DOUBLE_EQ(e.step_seconds, fwd + 4.0 + 4.0);  // down under backward, up under Adam
+  EXPECT_EQ(e.bound, "PCIe (gradients down) and PCIe (parameters up) in turn");
+  e = EstimateRun(m, w, {Overlap::kBackward, StatePrecision::kFp32, 0}, link);
+  EXPECT_DOUBLE_EQ(e.step_seconds, fwd + 8.0);
+  EXPECT_EQ(e.bound, "PCIe (both ways at once)");
+  e = EstimateRun(m, w, {Overlap::kDelayed, StatePrecision::kFp32, 0}, link);
+  EXPECT_DOUBLE_EQ(e.step_seconds, 8.0);
+  // A fast link hides under the GPU and Adam: the same times as without it.
+  link.pcie_h2d_gbps = link.pcie_d2h_gbps = link.pcie_both_gbps = 100.0;
+  EXPECT_DOUBLE_EQ(EstimateRun(m, w, {Overlap::kNone, StatePrecision::kFp32, 0}, link).step_seconds,
+                   3.0);
   // Accumulation > 1 is not modelled: no time, and it says so.
   Workload accumulating;
   accumulating.accumulation = 4;

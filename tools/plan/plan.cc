@@ -156,18 +156,33 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
                                                           : kDelayedSlowdown;
     const double update = std::max(e.adam_seconds * slow, e.io_seconds);
     const std::string cpu = update > e.io_seconds || e.io_seconds == 0 ? "CPU Adam" : "NVMe";
+    // PCIe: the bf16 gradients down and the bf16 parameters up, 2P bytes each way (0: unknown).
+    const double bytes = 2.0 * static_cast<double>(p);
+    auto over = [&](double gbps) { return gbps > 0 ? bytes / (gbps * 1e9) : 0.0; };
+    const double down = over(s.pcie_d2h_gbps), up = over(s.pcie_h2d_gbps);
+    const double both =
+        over(s.pcie_both_gbps > 0 ? s.pcie_both_gbps : std::min(s.pcie_d2h_gbps, s.pcie_h2d_gbps));
+    const double backward = f * kBackwardShare + h;
     switch (c.overlap) {
-      case Overlap::kNone:
-        e.step_seconds = f + h + update;
-        e.bound = StrCat("GPU and ", cpu, " in turn");
+      case Overlap::kNone:  // down under backward, then up under the update
+        e.pcie_seconds = down + up;
+        e.step_seconds = f * (1 - kBackwardShare) + std::max(backward, down) + std::max(update, up);
+        e.bound = StrCat(backward >= down ? "GPU" : "PCIe (gradients down)", " and ",
+                         update >= up ? cpu : "PCIe (parameters up)", " in turn");
         break;
-      case Overlap::kBackward:
-        e.step_seconds = f * (1 - kBackwardShare) + std::max(f * kBackwardShare + h, update);
-        e.bound = f * kBackwardShare + h >= update ? "GPU (backward)" : cpu;
+      case Overlap::kBackward:  // both ways at once under backward
+        e.pcie_seconds = both;
+        e.step_seconds = f * (1 - kBackwardShare) + std::max({backward, update, both});
+        e.bound = both > std::max(backward, update) ? "PCIe (both ways at once)"
+                  : backward >= update              ? "GPU (backward)"
+                                                    : cpu;
         break;
-      case Overlap::kDelayed:
-        e.step_seconds = std::max(f + h, update);
-        e.bound = f + h >= update ? "GPU (forward+backward)" : cpu;
+      case Overlap::kDelayed:  // both ways at once under the next step
+        e.pcie_seconds = both;
+        e.step_seconds = std::max({f + h, update, both});
+        e.bound = both > std::max(f + h, update) ? "PCIe (both ways at once)"
+                  : f + h >= update              ? "GPU (forward+backward)"
+                                                 : cpu;
         break;
     }
   }
@@ -201,6 +216,14 @@ Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files) {
         s.nvme_read_gbps = r.value("read_GBps", 0.0);
         s.nvme_write_gbps = r.value("write_GBps", 0.0);
         s.nvme_mixed_gbps = r.value("mixed_GBps", 0.0);
+      } else if (profile == "pcie") {
+        const std::string test = r.value("test", "");
+        const double gbps = r.value("GBps", 0.0);
+        if (test == "h2d") s.pcie_h2d_gbps = gbps;
+        if (test == "d2h") s.pcie_d2h_gbps = gbps;
+        if (test == "both_h2d" || test == "both_d2h") {
+          s.pcie_both_gbps = s.pcie_both_gbps > 0 ? std::min(s.pcie_both_gbps, gbps) : gbps;
+        }
       } else if (profile == "nvme") {
         const double gbps = r.value("GBps", 0.0);
         double& best = r.value("op", "") == "read" ? s.nvme_read_gbps : s.nvme_write_gbps;

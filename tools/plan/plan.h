@@ -30,7 +30,9 @@
 //   tensor adds kHandOverSeconds to the backward (H: hooks, copies and uploads around the step).
 //   NVMe state adds its I/O where the pipeline cannot hide it: max(Adam, I/O) replaces Adam; the
 //   I/O moves the NVMe share's bytes in and out at the disk's mixed read+write rate (or read, then
-//   write).
+//   write). PCIe (when its speeds are given) moves 2P down and 2P up: in mode none the gradients
+//   under backward (max(backward, down)) and the parameters under the update (max(update, up));
+//   in backward and delayed both ways at once, a third term in the max.
 #pragma once
 
 #include <cstdint>
@@ -93,6 +95,8 @@ struct Speeds {
   double adam(StatePrecision p) const { return adam_gparams[static_cast<int>(p)]; }
   double nvme_read_gbps = 0, nvme_write_gbps = 0;
   double nvme_mixed_gbps = 0;  ///< reads and writes at once (zoffload-bench step); 0: unknown
+  /// zoffload-bench pcie (pinned): each way alone, and each way while the other runs; 0: unknown.
+  double pcie_h2d_gbps = 0, pcie_d2h_gbps = 0, pcie_both_gbps = 0;
 };
 
 struct Estimate {
@@ -103,12 +107,13 @@ struct Estimate {
   uint64_t host_process = 0;
   uint64_t host_pinned = 0;                                   ///< of host_bytes: page-locked
   double adam_seconds = 0, io_seconds = 0, step_seconds = 0;  ///< 0: a speed is unknown
-  std::string bound;  ///< "GPU (forward+backward)", "CPU Adam", "NVMe", or why no time
+  double pcie_seconds = 0;  ///< the transfers the mode makes, at the rate they run at
+  std::string bound;        ///< "GPU (forward+backward)", "CPU Adam", "NVMe", or why no time
 };
 
 Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c, const Speeds& s);
 
-/// Speeds read from zoffload-bench JSON files (adam, nvme, step, engine) and
+/// Speeds read from zoffload-bench JSON files (adam, nvme, step, engine, pcie) and
 /// bench/finetune_7b.py's JSON (its fwd_bwd system gives F, its exact zoffload system CPU
 /// Adam's rate); later files override earlier ones.
 Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files);
