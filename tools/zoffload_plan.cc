@@ -22,7 +22,8 @@
 #include "common/strings.h"
 #include "plan/plan.h"
 #include "zoffload/config.h"
-#if ZO_HAVE_CUDA
+#if ZO_HAVE_CUDA  // (from build_info.h)
+#include "bench/gpu_profile.h"
 #include "gpu/gpu_info.h"
 #endif
 
@@ -45,8 +46,9 @@ constexpr const char* kUsage =
     "                 with the parameters in host memory (memory only: not in zoffload yet)\n"
     "  --bench-json   speeds: zoffload-bench adam/nvme/engine JSON, bench/finetune_7b.py JSON\n"
     "                 (its fwd_bwd system gives the GPU's forward+backward time)\n"
-    "  --measure      measure CPU Adam (each state precision) and the --nvme disks here, in\n"
-    "                 short runs (the GPU's forward+backward still comes from --bench-json)\n"
+    "  --measure      measure CPU Adam (each state precision), the --nvme disks and PCIe (with\n"
+    "                 a GPU) here, in short runs (the GPU's forward+backward still comes from\n"
+    "                 --bench-json)\n"
     "  --config FILE  also estimate this config (its workload, offload target, overlap, state)\n"
     "  --json OUT     every estimate and the advice as JSON\n";
 
@@ -84,8 +86,9 @@ std::string ConfigJson(const Candidate& c, const std::vector<std::string>& nvme,
 // Short runs of zoffload-bench's profiles: CPU Adam for each state precision (bf16 gradients
 // and parameter copy, as the engine updates), and the NVMe directories (1 GiB, 1 MiB blocks).
 Status Measure(const std::vector<std::string>& nvme, Speeds* speeds) {
-  std::fprintf(stderr, "measuring CPU Adam (fp32, bf16, int8 state)%s...\n",
-               nvme.empty() ? "" : " and the NVMe directories");
+  std::fprintf(stderr,
+               "measuring CPU Adam (fp32, bf16, int8 state)%s, and PCIe if there is a GPU...\n",
+               nvme.empty() ? "" : ", the NVMe directories");
   bench::AdamBenchOptions adam;
   adam.params = uint64_t{64} << 20;
   adam.grad_dtypes = {DType::kBf16};
@@ -107,6 +110,21 @@ Status Measure(const std::vector<std::string>& nvme, Speeds* speeds) {
       (r.op == "read" ? speeds->nvme_read_gbps : speeds->nvme_write_gbps) = r.gbps;
     }
   }
+#if ZO_HAVE_CUDA
+  // PCIe, pinned, each way alone and both at once (256 MiB transfers): on a machine with a GPU.
+  bench::GpuBenchOptions pcie;
+  pcie.bytes = uint64_t{256} << 20;
+  pcie.repeats = 3;
+  if (auto link = bench::RunPcieBench(pcie); link.ok()) {
+    for (const bench::GpuRecord& r : *link) {
+      if (r.test == "h2d") speeds->pcie_h2d_gbps = r.gbps;
+      if (r.test == "d2h") speeds->pcie_d2h_gbps = r.gbps;
+      if (r.test == "both_d2h") speeds->pcie_both_gbps = r.gbps;
+    }
+  } else {
+    std::fprintf(stderr, "PCIe not measured (%s)\n", std::string(link.status().message()).c_str());
+  }
+#endif
   return Status::Ok();
 }
 
