@@ -1,0 +1,218 @@
+#include "zero/host_comm.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "common/aligned_buffer.h"
+#include "common/errno_status.h"
+#include "common/strings.h"
+#include "common/unique_fd.h"
+
+namespace zoffload::internal::zero {
+namespace {
+
+constexpr uint32_t kMagic = 0x7a6f4843;  // "zoHC": rank 0 finished setting the header up
+constexpr int kMaxWorld = 1024;
+
+}  // namespace
+
+struct HostComm::Header {
+  std::atomic<uint32_t> magic;
+  std::atomic<uint32_t> world;
+  std::atomic<uint32_t> aborted;             // a rank gave up waiting
+  std::atomic<uint32_t> count;               // ranks at the current barrier
+  std::atomic<uint64_t> generation;          // barriers completed
+  std::atomic<uint64_t> arrived[kMaxWorld];  // each rank's barriers reached
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "shared-memory atomics must be lock-free");
+
+Result<std::unique_ptr<HostComm>> HostComm::Create(const Options& o) {
+  const uint64_t unit = 4 * static_cast<uint64_t>(std::max(o.world, 1));
+  if (o.world < 1 || o.world > kMaxWorld || o.rank < 0 || o.rank >= o.world || o.name.empty() ||
+      o.name.find('/') != std::string::npos || o.region_bytes < unit || o.region_bytes % 4 != 0) {
+    return InvalidArgumentError(
+        StrCat("host communicator: rank ", o.rank, " of world ", o.world, ", name '", o.name,
+               "', regions of ", o.region_bytes, " bytes: needs 0 <= rank < world <= ", kMaxWorld,
+               ", a name without '/', and regions of at least 4 x world bytes, a multiple of 4"));
+  }
+  std::unique_ptr<HostComm> comm(new HostComm(o));
+  const std::string path = "/" + o.name;
+  comm->map_bytes_ = RoundUp(sizeof(Header), 4096) + static_cast<size_t>(o.region_bytes) * o.world;
+  const auto deadline = std::chrono::steady_clock::now() + o.timeout;
+  UniqueFd fd;
+  if (o.rank == 0) {
+    ::shm_unlink(path.c_str());  // a stale segment of a run with the same name
+    fd = UniqueFd(::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
+    if (!fd.valid()) return StatusFromErrno(errno, StrCat("host communicator: creating ", path));
+    if (::ftruncate(fd.get(), static_cast<off_t>(comm->map_bytes_)) != 0) {
+      const int err = errno;
+      ::shm_unlink(path.c_str());
+      return StatusFromErrno(
+          err, StrCat("host communicator: sizing ", path, " to ", comm->map_bytes_, " bytes"));
+    }
+  } else {
+    // Rank 0 creates it: wait for the segment, at its full size.
+    while (true) {
+      fd = UniqueFd(::shm_open(path.c_str(), O_RDWR, 0600));
+      struct stat st {};
+      if (fd.valid() && ::fstat(fd.get(), &st) == 0 &&
+          static_cast<size_t>(st.st_size) == comm->map_bytes_) {
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Status(StatusCode::kUnavailable,
+                      StrCat("host communicator: rank ", o.rank, " found no segment ", path, " of ",
+                             comm->map_bytes_, " bytes from rank 0 within ", o.timeout.count(),
+                             " ms (is rank 0 running, with the same world and region size?)"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  void* map = ::mmap(nullptr, comm->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (map == MAP_FAILED) return StatusFromErrno(errno, StrCat("host communicator: mapping ", path));
+  comm->map_ = map;
+  comm->header_ = static_cast<Header*>(map);
+  Header& h = *comm->header_;
+  if (o.rank == 0) {  // the segment starts zeroed
+    h.world.store(static_cast<uint32_t>(o.world));
+    h.magic.store(kMagic, std::memory_order_release);
+  } else {
+    while (h.magic.load(std::memory_order_acquire) != kMagic) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Status(StatusCode::kUnavailable,
+                      StrCat("host communicator: rank 0 did not set ", path, " up within ",
+                             o.timeout.count(), " ms"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (h.world.load() != static_cast<uint32_t>(o.world)) {
+      return InvalidArgumentError(StrCat("host communicator: rank ", o.rank, " has world size ",
+                                         o.world, "; rank 0 has ", h.world.load()));
+    }
+  }
+  // Everyone is attached before anyone goes on (rank 0 may remove the name after this).
+  ZO_RETURN_IF_ERROR(comm->Barrier().WithContext("host communicator: joining"));
+  return comm;
+}
+
+HostComm::~HostComm() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  if (options_.rank == 0) ::shm_unlink(("/" + options_.name).c_str());
+}
+
+std::byte* HostComm::region(int rank) const {
+  return static_cast<std::byte*>(map_) + RoundUp(sizeof(Header), 4096) +
+         static_cast<size_t>(options_.region_bytes) * rank;
+}
+
+Status HostComm::Broken() const {
+  if (!broken_.ok()) return broken_;
+  if (header_->aborted.load(std::memory_order_acquire) != 0) {
+    return Status(StatusCode::kCancelled,
+                  StrCat("host communicator '", options_.name,
+                         "': another rank gave up waiting "
+                         "for a rank that did not arrive; this run cannot go on"));
+  }
+  return Status::Ok();
+}
+
+Status HostComm::Barrier() {
+  ZO_RETURN_IF_ERROR(Broken());
+  Header& h = *header_;
+  const uint64_t generation = h.generation.load(std::memory_order_acquire);
+  h.arrived[options_.rank].store(++barriers_, std::memory_order_release);
+  if (h.count.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+      static_cast<uint32_t>(options_.world)) {
+    h.count.store(0, std::memory_order_relaxed);
+    h.generation.fetch_add(1, std::memory_order_acq_rel);
+    return Status::Ok();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  for (int spins = 0; h.generation.load(std::memory_order_acquire) == generation; ++spins) {
+    ZO_RETURN_IF_ERROR(Broken());
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::string missing;
+      for (int r = 0; r < options_.world; ++r) {
+        if (h.arrived[r].load() < barriers_) missing += StrCat(missing.empty() ? "" : ", ", r);
+      }
+      h.aborted.store(1, std::memory_order_release);
+      broken_ =
+          Status(StatusCode::kUnavailable,
+                 StrCat("host communicator '", options_.name, "': rank(s) ", missing,
+                        " did not reach barrier ", barriers_, " within ", options_.timeout.count(),
+                        " ms (died or stuck); this run cannot go on"));
+      return broken_;
+    }
+    if (spins < 1000) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+  return Status::Ok();
+}
+
+Status HostComm::AllReduceSum(float* data, uint64_t n) {
+  const uint64_t chunk = options_.region_bytes / 4;
+  auto* mine = reinterpret_cast<float*>(region(options_.rank));
+  for (uint64_t first = 0; first < n; first += chunk) {
+    const uint64_t len = std::min(chunk, n - first);
+    std::memcpy(mine, data + first, len * 4);
+    ZO_RETURN_IF_ERROR(Barrier());
+    for (uint64_t i = 0; i < len; ++i) {
+      float sum = 0;
+      for (int q = 0; q < options_.world; ++q) sum += reinterpret_cast<float*>(region(q))[i];
+      data[first + i] = sum;
+    }
+    ZO_RETURN_IF_ERROR(Barrier());
+  }
+  return Status::Ok();
+}
+
+Status HostComm::ReduceScatterSum(const float* send, float* recv, uint64_t count) {
+  const auto world = static_cast<uint64_t>(options_.world);
+  const uint64_t chunk = options_.region_bytes / (4 * world);  // of each rank's part
+  auto* mine = reinterpret_cast<float*>(region(options_.rank));
+  const auto me = static_cast<uint64_t>(options_.rank);
+  for (uint64_t first = 0; first < count; first += chunk) {
+    const uint64_t len = std::min(chunk, count - first);
+    for (uint64_t k = 0; k < world; ++k)
+      std::memcpy(mine + k * len, send + k * count + first, len * 4);
+    ZO_RETURN_IF_ERROR(Barrier());
+    for (uint64_t i = 0; i < len; ++i) {
+      float sum = 0;
+      for (int q = 0; q < options_.world; ++q) {
+        sum += reinterpret_cast<float*>(region(q))[me * len + i];
+      }
+      recv[first + i] = sum;
+    }
+    ZO_RETURN_IF_ERROR(Barrier());
+  }
+  return Status::Ok();
+}
+
+Status HostComm::AllGather(const void* send, void* recv, uint64_t bytes) {
+  const uint64_t chunk = options_.region_bytes;
+  const auto* in = static_cast<const std::byte*>(send);
+  auto* out = static_cast<std::byte*>(recv);
+  for (uint64_t first = 0; first < bytes; first += chunk) {
+    const uint64_t len = std::min(chunk, bytes - first);
+    std::memcpy(region(options_.rank), in + first, len);
+    ZO_RETURN_IF_ERROR(Barrier());
+    for (int q = 0; q < options_.world; ++q) {
+      std::memcpy(out + static_cast<uint64_t>(q) * bytes + first, region(q), len);
+    }
+    ZO_RETURN_IF_ERROR(Barrier());
+  }
+  return Status::Ok();
+}
+
+}  // namespace zoffload::internal::zero

@@ -1,0 +1,66 @@
+// HostComm: the collectives ZeRO needs (all-reduce, reduce-scatter, all-gather of fp32 and raw
+// bytes, barrier) between real processes on one machine, through a POSIX shared-memory segment
+// — the CPU backend next to NCCL (as gloo is for torch), so the partition, bucketing and overlap
+// logic runs with world sizes 2-8 on a machine without GPUs.
+//
+// The segment (/dev/shm/<name>, created by rank 0, which removes it when done; the name must
+// be unique per run) holds a header and one region of `region_bytes` per rank. A collective
+// goes through in chunks that fit the regions: each rank writes its chunk into its own region,
+// all meet at a barrier, each reads what it needs from every region, all meet again.
+// Reductions add the ranks' values in rank order (0, 1, ..., N-1) on every rank, so every rank
+// gets the same bits, run after run.
+//
+// Failure: a barrier waits at most `timeout`; then the waiting rank marks the communicator
+// aborted (the others see it at once) and returns an error naming the ranks that never
+// arrived (a rank that died mid-step). After that every call fails; nothing hangs.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "zoffload/status.h"
+
+namespace zoffload::internal::zero {
+
+class HostComm {
+ public:
+  struct Options {
+    std::string name;                 ///< the segment's name, unique per run ("zoffload-<id>")
+    int rank = 0, world = 1;          ///< 0 <= rank < world
+    uint64_t region_bytes = 1 << 20;  ///< per rank; a multiple of 4, at least 4 x world
+    std::chrono::milliseconds timeout{60'000};  ///< for the others to arrive at a barrier
+  };
+  static Result<std::unique_ptr<HostComm>> Create(const Options& options);
+  ~HostComm();
+  HostComm(const HostComm&) = delete;
+  HostComm& operator=(const HostComm&) = delete;
+
+  int rank() const { return options_.rank; }
+  int world() const { return options_.world; }
+
+  Status Barrier();
+  /// data[i] = the sum over ranks (in rank order) of their data[i], i < n.
+  Status AllReduceSum(float* data, uint64_t n);
+  /// recv[i] = the sum over ranks (in rank order) of their send[rank x count + i], i < count.
+  Status ReduceScatterSum(const float* send, float* recv, uint64_t count);
+  /// recv[q x bytes, (q + 1) x bytes) = rank q's send, for every rank q.
+  Status AllGather(const void* send, void* recv, uint64_t bytes);
+
+ private:
+  struct Header;
+  explicit HostComm(const Options& options) : options_(options) {}
+  std::byte* region(int rank) const;
+  Status Broken() const;
+
+  Options options_;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  Header* header_ = nullptr;
+  uint64_t barriers_ = 0;  // this rank's barriers so far
+  Status broken_;
+};
+
+}  // namespace zoffload::internal::zero

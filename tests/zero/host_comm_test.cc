@@ -1,0 +1,138 @@
+// HostComm between real processes (fork): all-reduce, reduce-scatter and all-gather with world
+// sizes 1, 2, 3, 4 and 8, in chunks smaller than the data, bit-identical to sums taken in rank
+// order; a rank that dies makes the others fail within the timeout, naming it.
+#include "zero/host_comm.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "common/strings.h"
+
+namespace zoffload::internal::zero {
+namespace {
+
+float Value(int rank, uint64_t k, uint64_t i) {
+  return 0.1f * static_cast<float>(rank + 1) + 1e-3f * static_cast<float>((k * 7 + i) % 97);
+}
+
+// Runs `body(rank)` in `world` child processes; returns each one's exit code.
+std::vector<int> RunRanks(int world, const std::function<int(int)>& body) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) ::_exit(body(r));
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  }
+  return codes;
+}
+
+// The segment's name: made in the parent, before the fork, so that every rank has the same.
+HostComm::Options Options(const std::string& name, int rank, int world) {
+  HostComm::Options o;
+  o.name = name;
+  o.rank = rank;
+  o.world = world;
+  o.region_bytes = 4096;  // smaller than the data: every collective goes in chunks
+  o.timeout = std::chrono::milliseconds(20'000);
+  return o;
+}
+
+// Exit codes: 0 right; 1 setup; 2 all-reduce; 3 reduce-scatter; 4 all-gather.
+int Collectives(const std::string& name, int rank, int world) {
+  auto comm = HostComm::Create(Options(name, rank, world));
+  if (!comm.ok()) return 1;
+  const uint64_t n = 3000;
+  std::vector<float> data(n);
+  for (uint64_t i = 0; i < n; ++i) data[i] = Value(rank, 0, i);
+  if (!(*comm)->AllReduceSum(data.data(), n).ok()) return 2;
+  for (uint64_t i = 0; i < n; ++i) {
+    float want = 0;
+    for (int q = 0; q < world; ++q) want += Value(q, 0, i);
+    if (std::memcmp(&want, &data[i], 4) != 0) return 2;
+  }
+  const uint64_t count = 700;
+  std::vector<float> send(count * world), recv(count, -1.0f);
+  for (int k = 0; k < world; ++k) {
+    for (uint64_t i = 0; i < count; ++i) send[k * count + i] = Value(rank, k + 1, i);
+  }
+  if (!(*comm)->ReduceScatterSum(send.data(), recv.data(), count).ok()) return 3;
+  for (uint64_t i = 0; i < count; ++i) {
+    float want = 0;
+    for (int q = 0; q < world; ++q) want += Value(q, rank + 1, i);
+    if (std::memcmp(&want, &recv[i], 4) != 0) return 3;
+  }
+  const uint64_t bytes = 5000;
+  std::vector<unsigned char> mine(bytes), all(bytes * world, 0);
+  for (uint64_t i = 0; i < bytes; ++i) mine[i] = static_cast<unsigned char>(rank * 31 + i);
+  if (!(*comm)->AllGather(mine.data(), all.data(), bytes).ok()) return 4;
+  for (int q = 0; q < world; ++q) {
+    for (uint64_t i = 0; i < bytes; ++i) {
+      if (all[q * bytes + i] != static_cast<unsigned char>(q * 31 + i)) return 4;
+    }
+  }
+  return (*comm)->Barrier().ok() ? 0 : 1;
+}
+
+TEST(HostCommTest, CollectivesMatchRankOrderSums) {
+  for (int world : {1, 2, 3, 4, 8}) {
+    const std::string name = StrCat("zoffload-test-", ::getpid(), "-world", world);
+    const std::vector<int> codes =
+        RunRanks(world, [&](int r) { return Collectives(name, r, world); });
+    for (int r = 0; r < world; ++r) EXPECT_EQ(codes[r], 0) << "world " << world << " rank " << r;
+  }
+}
+
+// Rank 2 of 3 leaves after joining: ranks 0 and 1 get an error within the timeout, never hang;
+// one names rank 2, the other either does too or says another rank gave up.
+TEST(HostCommTest, ADeadRankIsAClearErrorNotAHang) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string name = StrCat("zoffload-test-", ::getpid(), "-dead");
+  const std::vector<int> codes = RunRanks(3, [&](int r) {
+    HostComm::Options o = Options(name, r, 3);
+    o.timeout = std::chrono::milliseconds(500);
+    auto comm = HostComm::Create(o);
+    if (!comm.ok()) return 1;
+    if (r == 2) return 0;  // dies before the next barrier
+    const Status s = (*comm)->Barrier();
+    if (s.ok()) return 2;
+    const bool names = s.message().find("rank(s) 2 did not reach barrier") != std::string::npos;
+    const bool told = s.code() == StatusCode::kCancelled;
+    if (!names && !told) return 3;
+    return (*comm)->Barrier().ok() ? 4 : 0;  // and it stays broken
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(HostCommTest, BadOptionsAreAClearError) {
+  const std::string name = StrCat("zoffload-test-", ::getpid(), "-bad");
+  HostComm::Options o = Options(name, 3, 2);
+  auto comm = HostComm::Create(o);
+  EXPECT_EQ(comm.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(comm.status().message().find("needs 0 <= rank < world"), std::string::npos)
+      << comm.status();
+  o = Options(name, 0, 2);
+  o.region_bytes = 6;  // not a multiple of 4
+  EXPECT_EQ(HostComm::Create(o).status().code(), StatusCode::kInvalidArgument);
+  // A rank without its rank 0 gives up after the timeout, saying what it waited for.
+  o = Options(name + "-alone", 1, 2);
+  o.timeout = std::chrono::milliseconds(100);
+  comm = HostComm::Create(o);
+  EXPECT_EQ(comm.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(comm.status().message().find("is rank 0 running"), std::string::npos) << comm.status();
+}
+
+}  // namespace
+}  // namespace zoffload::internal::zero
