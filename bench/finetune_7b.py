@@ -187,9 +187,8 @@ def run_zoffload(args, name):
         args.threads = int(threads[0].lstrip("t"))
     else:
         args.threads = 0 if args.overlap == "none" else max(1, (os.cpu_count() or 2) - 1)
-    if args.trace:
-        args.trace = os.path.join(os.path.dirname(os.path.abspath(args.json)),
-                                  name.replace(":", "_") + "_trace.json")
+    args.trace = os.path.join(os.path.dirname(os.path.abspath(args.json)),
+                              name.replace(":", "_") + "_trace.json") if args.trace else ""
     return ft.run_zoffload(args, name)
 
 
@@ -202,8 +201,8 @@ def run_one(args):
     elif name.startswith("deepspeed_z"):
         meter = run_deepspeed(args, torch, int(name[-1]))
     else:
-        meter = {"fwd": run_fwd, "fwd_bwd": run_fwd_bwd, "no_offload": run_no_offload, "manual": run_manual,
-                 "torchao": run_torchao}[name](args, torch)
+        meter = {"fwd": run_fwd, "fwd_bwd": run_fwd_bwd, "no_offload": run_no_offload,
+                 "manual": run_manual, "torchao": run_torchao}[name](args, torch)
     meter.summary(params=ft_params(args), host_bytes=getattr(meter, "host_bytes", None))
 
 

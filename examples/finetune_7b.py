@@ -153,7 +153,7 @@ def zoffload_config(args):
                               "offload_optimizer": {"device": "cpu", "pin_memory": True}},
         "zoffload": {"overlap": args.overlap, "optimizer_state": args.state,
                      "delayed_warmup_steps": 1, "cpu_adam_threads": args.threads,
-                     "trace_path": getattr(args, "trace", "") or ""},
+                     "trace_path": getattr(args, "trace", "")},
     }
 
 

@@ -116,11 +116,7 @@ Status Measure(const std::vector<std::string>& nvme, Speeds* speeds) {
   pcie.bytes = uint64_t{256} << 20;
   pcie.repeats = 3;
   if (auto link = bench::RunPcieBench(pcie); link.ok()) {
-    for (const bench::GpuRecord& r : *link) {
-      if (r.test == "h2d") speeds->pcie_h2d_gbps = r.gbps;
-      if (r.test == "d2h") speeds->pcie_d2h_gbps = r.gbps;
-      if (r.test == "both_d2h") speeds->pcie_both_gbps = r.gbps;
-    }
+    for (const bench::GpuRecord& r : *link) speeds->SetPcie(r.test, r.gbps);
   } else {
     std::fprintf(stderr, "PCIe not measured (%s)\n", std::string(link.status().message()).c_str());
   }
@@ -287,7 +283,6 @@ int Main(int argc, char** argv) {
     if (r.e.host_bytes > host_mem) {
       short_of.push_back(StrCat("host ", Gib(r.e.host_bytes), " > ", Gib(host_mem), " GiB"));
     }
-
     if (r.e.nvme_bytes > nvme_free) {
       short_of.push_back(StrCat("NVMe ", Gib(r.e.nvme_bytes), " > ", Gib(nvme_free), " GiB"));
     }
@@ -443,8 +438,9 @@ int Main(int argc, char** argv) {
                       "%.3f s/step, %.3f s (%.0f %%) slower; bound: ", r.e.step_seconds, slower,
                       100 * slower / best.e.step_seconds);
         why = StrCat(text, r.e.bound);
-      } else {
-        why = "step time unknown (no CPU Adam figure for this state precision)";
+      } else {  // EstimateRun says why, or lacked a CPU Adam figure
+        why = r.e.bound.empty() ? "step time unknown (no CPU Adam figure for this state precision)"
+                                : r.e.bound;
       }
       std::printf("  %s: %s\n", Describe(r.e.candidate).c_str(), why.c_str());
       alternatives.push_back({{"overlap", ToString(r.e.candidate.overlap)},

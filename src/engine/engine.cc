@@ -780,7 +780,7 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
 #endif
   if (!e.gpu) {
     // Delayed, accumulation > 1: the first micro-batch goes over the sum the update reads.
-    if (e.overlap == Overlap::kDelayed && !add && !last && e.params[i].pending) e.AwaitConsumed(i);
+    if (e.overlap == Overlap::kDelayed && !add && !last && p->pending) e.AwaitConsumed(i);
     if (e.accumulation == 1) {
       std::memcpy(p->grads.data(), grad, p->bytes());
     } else {

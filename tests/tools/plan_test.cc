@@ -248,6 +248,11 @@ TEST(PlanTest, EstimatesMatchThe7BRunsOnTheH200) {
   EXPECT_LE(std::abs(acc4.host_bytes / gib / 102.0 - 1), 0.10) << acc4.host_bytes / gib;
 }
 
+nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
 // The tool as a user runs it: advice that the config parser accepts, the JSON, and clear
 // errors for an unknown model and for a model that fits nowhere.
 TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
@@ -264,8 +269,7 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("slower; bound: CPU Adam"), std::string::npos) << r.output;
-  std::ifstream in(dir.File("plan.json"));
-  const auto plan = nlohmann::json::parse(in);
+  const auto plan = ReadJson(dir.File("plan.json"));
   ASSERT_TRUE(plan["advice"].is_object());
   EXPECT_TRUE(ParseConfig(plan["advice"].dump()).ok());
   EXPECT_EQ(plan["candidates"].size(), 9u);
@@ -287,8 +291,7 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
   EXPECT_NE(r.output.find("(memory only: ZeRO over NCCL and stage 3 are not in zoffload yet)"),
             std::string::npos)
       << r.output;
-  std::ifstream z3_in(dir.File("z3.json"));
-  const auto z3 = nlohmann::json::parse(z3_in);
+  const auto z3 = ReadJson(dir.File("z3.json"));
   EXPECT_TRUE(ParseConfig(z3["advice"].dump()).ok()) << z3["advice"].dump();
   EXPECT_EQ(z3["advice"]["zero_optimization"]["stage"], 3);
   r = testing::RunCommand(tool + " --model llama-7b --gpu-mem 24GiB --offload-param 2>&1");
@@ -321,8 +324,7 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
                           "--bench-json " + perf + "finetune_7b_h200.json --json " +
                           dir.File("measured.json") + " 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  std::ifstream measured_in(dir.File("measured.json"));
-  const auto measured = nlohmann::json::parse(measured_in);
+  const auto measured = ReadJson(dir.File("measured.json"));
   for (const auto& c : measured["candidates"]) {
     EXPECT_GT(c["step_seconds"].get<double>(), 0) << c.dump();
   }

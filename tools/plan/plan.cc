@@ -189,6 +189,14 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   return e;
 }
 
+void Speeds::SetPcie(std::string_view test, double gbps) {
+  if (test == "h2d") pcie_h2d_gbps = gbps;
+  if (test == "d2h") pcie_d2h_gbps = gbps;
+  if (test == "both_h2d" || test == "both_d2h") {  // the slower way while both run
+    pcie_both_gbps = pcie_both_gbps > 0 ? std::min(pcie_both_gbps, gbps) : gbps;
+  }
+}
+
 Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files) {
   Speeds s;
   for (const std::string& file : files) {
@@ -217,13 +225,7 @@ Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files) {
         s.nvme_write_gbps = r.value("write_GBps", 0.0);
         s.nvme_mixed_gbps = r.value("mixed_GBps", 0.0);
       } else if (profile == "pcie") {
-        const std::string test = r.value("test", "");
-        const double gbps = r.value("GBps", 0.0);
-        if (test == "h2d") s.pcie_h2d_gbps = gbps;
-        if (test == "d2h") s.pcie_d2h_gbps = gbps;
-        if (test == "both_h2d" || test == "both_d2h") {
-          s.pcie_both_gbps = s.pcie_both_gbps > 0 ? std::min(s.pcie_both_gbps, gbps) : gbps;
-        }
+        s.SetPcie(r.value("test", ""), r.value("GBps", 0.0));
       } else if (profile == "nvme") {
         const double gbps = r.value("GBps", 0.0);
         double& best = r.value("op", "") == "read" ? s.nvme_read_gbps : s.nvme_write_gbps;

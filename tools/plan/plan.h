@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "zoffload/config.h"
@@ -97,6 +98,8 @@ struct Speeds {
   double nvme_mixed_gbps = 0;  ///< reads and writes at once (zoffload-bench step); 0: unknown
   /// zoffload-bench pcie (pinned): each way alone, and each way while the other runs; 0: unknown.
   double pcie_h2d_gbps = 0, pcie_d2h_gbps = 0, pcie_both_gbps = 0;
+  /// One zoffload-bench pcie figure by its test name ("h2d", "d2h", "both_h2d", "both_d2h").
+  void SetPcie(std::string_view test, double gbps);
 };
 
 struct Estimate {
