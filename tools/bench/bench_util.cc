@@ -266,11 +266,15 @@ Status Scratch::MakeDirs(const std::vector<std::string>& parents, std::string_vi
   for (const std::string& parent : parents) {
     RemoveDebris(parent);
     std::string tmpl = StrCat(parent, "/", ScratchStem(profile, ::getpid()), "-XXXXXX");
-    if (::mkdtemp(tmpl.data()) == nullptr) {
-      return Status(StatusCode::kPermissionDenied,
-                    StrCat(profile, ": cannot create a directory in ", parent), errno);
+    {
+      // Made and registered under one lock, so a stop signal never misses a directory.
+      std::lock_guard<std::mutex> lock(g_scratch_mu);
+      if (::mkdtemp(tmpl.data()) == nullptr) {
+        return Status(StatusCode::kPermissionDenied,
+                      StrCat(profile, ": cannot create a directory in ", parent), errno);
+      }
+      ScratchPaths().insert(tmpl);
     }
-    Register(tmpl);
     owned_.push_back(tmpl);
     dirs_.push_back(tmpl);
   }
@@ -294,14 +298,17 @@ void CatchStopSignals() {
     int sig = 0;
     if (::sigwait(&set, &sig) != 0) return;
     std::fprintf(stderr, "\nzoffload-bench: stopped by SIG%s\n", ::sigabbrev_np(sig));
-    {
-      std::lock_guard<std::mutex> lock(g_scratch_mu);
-      for (const std::string& path : ScratchPaths()) {
-        std::error_code ec;
-        if (!std::filesystem::exists(path, ec)) continue;
+    // The lock is held until the process ends: no scratch is registered after this. The
+    // measuring threads still run and may create a file in a directory while it is being
+    // removed, so removal repeats until the path is gone (then they cannot create in it).
+    g_scratch_mu.lock();
+    for (const std::string& path : ScratchPaths()) {
+      std::error_code ec;
+      if (!std::filesystem::exists(path, ec)) continue;
+      for (int tries = 0; tries < 100 && std::filesystem::exists(path, ec); ++tries) {
         RemoveFreeing(path);
-        std::fprintf(stderr, "zoffload-bench: removed %s\n", path.c_str());
       }
+      std::fprintf(stderr, "zoffload-bench: removed %s\n", path.c_str());
     }
     // Ends by the signal itself, so the parent sees how the run stopped.
     std::signal(sig, SIG_DFL);
