@@ -16,6 +16,7 @@
 #include "common/strings.h"
 #include "engine/checkpoint.h"
 #include "engine/loss_scaler.h"
+#include "engine/param_math.h"
 #include "tiers/optimizer_state.h"
 #include "tiers/runtime_context.h"
 #include "zoffload/cpu_adam.h"
@@ -25,7 +26,12 @@
 
 namespace zoffload {
 
+using internal::Accumulate;
 using internal::AlignedBuffer;
+using internal::CastFromFloat;
+using internal::CheckGroup;
+using internal::CopyFor;
+using internal::GroupHypers;
 using internal::HostMemory;
 using internal::OptimizerState;
 using internal::OptimizerStateOptions;
@@ -58,44 +64,6 @@ constexpr const char* kNormTrack = "gradient norms as they land";  // overlap "n
 
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-float Widen(const void* src, DType dtype, uint64_t i) {
-  switch (dtype) {
-    case DType::kFp32:
-      return static_cast<const float*>(src)[i];
-    case DType::kBf16: {
-      const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(src)[i]) << 16;
-      float x;
-      std::memcpy(&x, &bits, 4);
-      return x;
-    }
-    case DType::kFp16:
-      break;
-  }
-  return static_cast<float>(static_cast<const _Float16*>(src)[i]);
-}
-
-// dst[i] = src[i] (add: dst[i] += src[i]) in fp32, for i < n.
-void Accumulate(float* dst, const void* src, DType dtype, uint64_t n, bool add) {
-  const auto count = static_cast<int64_t>(n);
-#pragma omp parallel for schedule(static) if (n >= (uint64_t{1} << 20))
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = Widen(src, dtype, static_cast<uint64_t>(i));
-    dst[i] = add ? dst[i] + g : g;
-  }
-}
-
-ParamCopy CopyFor(DType dtype) {
-  switch (dtype) {
-    case DType::kBf16:
-      return ParamCopy::kBf16;
-    case DType::kFp16:
-      return ParamCopy::kFp16;
-    case DType::kFp32:
-      break;
-  }
-  return ParamCopy::kNone;
 }
 
 }  // namespace
@@ -345,21 +313,6 @@ struct OffloadEngine::Impl : public ParamSink {
     }
   }
 
-  // The hyperparameters of each group for the next update.
-  std::vector<AdamHyper> GroupHypers(const AdamHyper& base) const {
-    std::vector<AdamHyper> hypers;
-    for (const ParamGroup& g : groups) {
-      AdamHyper h = base;
-      h.lr = static_cast<float>(g.lr);
-      h.beta1 = static_cast<float>(g.beta1);
-      h.beta2 = static_cast<float>(g.beta2);
-      h.eps = static_cast<float>(g.eps);
-      h.weight_decay = static_cast<float>(g.weight_decay);
-      hypers.push_back(h);
-    }
-    return hypers;
-  }
-
   AdamHyper NextBase() const {
     AdamHyper base = HyperFromConfig(config.optimizer);
     base.step = steps + 1;
@@ -370,7 +323,7 @@ struct OffloadEngine::Impl : public ParamSink {
   void BeginWindow() {
     if (overlap == Overlap::kBackward) {
       window_base = NextBase();
-      window_hypers = GroupHypers(window_base);
+      window_hypers = GroupHypers(groups, window_base);
       nonfinite.clear();
       worker_status = Status::Ok();
       window_stats = StepStats{};
@@ -545,42 +498,7 @@ Status OffloadEngine::Impl::Initialize() {
 
 // ---- OffloadEngine ------------------------------------------------------------------------
 
-namespace {
-
-Status CheckGroup(const ParamGroup& g, std::string_view where) {
-  if (g.lr >= 0 && g.beta1 >= 0 && g.beta1 < 1 && g.beta2 >= 0 && g.beta2 < 1 && g.eps > 0 &&
-      g.weight_decay >= 0) {
-    return Status::Ok();
-  }
-  return InvalidArgumentError(
-      StrCat(where, ": lr ", g.lr, ", betas (", g.beta1, ", ", g.beta2, "), eps ", g.eps,
-             ", weight_decay ", g.weight_decay,
-             ": need lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0"));
-}
-
-// fp32 -> `dtype` (round to nearest even), n values.
-void CastFromFloat(const float* in, void* out, DType dtype, uint64_t n) {
-  switch (dtype) {
-    case DType::kFp32:
-      std::memcpy(out, in, 4 * n);
-      return;
-    case DType::kBf16:
-      for (uint64_t i = 0; i < n; ++i) {
-        uint32_t u;
-        std::memcpy(&u, in + i, 4);
-        static_cast<uint16_t*>(out)[i] =
-            std::isnan(in[i]) ? uint16_t{0x7fc0}
-                              : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-      }
-      return;
-    case DType::kFp16:
-      for (uint64_t i = 0; i < n; ++i)
-        static_cast<_Float16*>(out)[i] = static_cast<_Float16>(in[i]);
-      return;
-  }
-}
-
-}  // namespace
+namespace {}  // namespace
 
 OffloadEngine::OffloadEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 OffloadEngine::~OffloadEngine() = default;
@@ -828,7 +746,7 @@ Result<EngineStepStats> OffloadEngine::Step() {
   switch (e.overlap) {
     case Overlap::kNone: {
       const AdamHyper base = e.NextBase();
-      const std::vector<AdamHyper> hypers = e.GroupHypers(base);
+      const std::vector<AdamHyper> hypers = GroupHypers(e.groups, base);
       std::vector<TensorGrads> grads;
       for (size_t i = 0; i < e.params.size(); ++i) {
         grads.push_back(e.GradsOf(i, &hypers[e.params[i].group]));
@@ -875,7 +793,7 @@ Result<EngineStepStats> OffloadEngine::Step() {
       // waited for it); this Step reports it, then launches this window's.
       ZO_RETURN_IF_ERROR(e.Collect(&stats).WithContext("Step (overlap \"delayed\")"));
       e.job_base = e.NextBase();
-      e.job_hypers = e.GroupHypers(e.job_base);
+      e.job_hypers = GroupHypers(e.groups, e.job_base);
       e.job_grads.clear();
       for (size_t i = 0; i < e.params.size(); ++i) {
         e.job_grads.push_back(e.GradsOf(i, &e.job_hypers[e.params[i].group]));

@@ -409,7 +409,8 @@ Status OptimizerState::UpdatePiece(size_t t, const TensorGrads& g, float* params
   } else if (g.copy != ParamCopy::kNone) {
     shard.param_copy = static_cast<char*>(g.param_copy) + first * 2;
   }
-  shard.index_offset = first;
+  shard.index_offset =
+      first + (options_.precision == StatePrecision::kInt8 ? 0 : tensors_[t].first);
   const auto t0 = Clock::now();
   ZO_RETURN_IF_ERROR(AdamUpdateTraced(shard, g.hyper != nullptr ? *g.hyper : hyper, grad_scale,
                                       options_.threads, tracer_, label));

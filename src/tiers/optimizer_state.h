@@ -61,6 +61,10 @@ enum class StateHome : uint8_t { kHost, kNvme };
 struct OptimizerTensor {
   std::string name;  ///< stable key (e.g. the parameter's name)
   uint64_t n = 0;    ///< elements
+  /// Where it starts in the parameter it is a piece of (a ZeRO partition's span): bf16
+  /// moments' stochastic rounding then draws the bits the whole parameter's elements would.
+  /// (int8 moments' blocks of kInt8StateBlock start at the piece, whatever this says.)
+  uint64_t first = 0;
 };
 
 struct PipelineOptions {

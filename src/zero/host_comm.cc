@@ -168,8 +168,8 @@ Status HostComm::AllReduceSum(float* data, uint64_t n) {
     std::memcpy(mine, data + first, len * 4);
     ZO_RETURN_IF_ERROR(Barrier());
     for (uint64_t i = 0; i < len; ++i) {
-      float sum = 0;
-      for (int q = 0; q < options_.world; ++q) sum += reinterpret_cast<float*>(region(q))[i];
+      float sum = reinterpret_cast<float*>(region(0))[i];
+      for (int q = 1; q < options_.world; ++q) sum += reinterpret_cast<float*>(region(q))[i];
       data[first + i] = sum;
     }
     ZO_RETURN_IF_ERROR(Barrier());
@@ -188,8 +188,8 @@ Status HostComm::ReduceScatterSum(const float* send, float* recv, uint64_t count
       std::memcpy(mine + k * len, send + k * count + first, len * 4);
     ZO_RETURN_IF_ERROR(Barrier());
     for (uint64_t i = 0; i < len; ++i) {
-      float sum = 0;
-      for (int q = 0; q < options_.world; ++q) {
+      float sum = reinterpret_cast<float*>(region(0))[me * len + i];
+      for (int q = 1; q < options_.world; ++q) {
         sum += reinterpret_cast<float*>(region(q))[me * len + i];
       }
       recv[first + i] = sum;

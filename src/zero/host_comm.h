@@ -1,14 +1,14 @@
-// HostComm: the collectives ZeRO needs (all-reduce, reduce-scatter, all-gather of fp32 and raw
-// bytes, barrier) between real processes on one machine, through a POSIX shared-memory segment
-// — the CPU backend next to NCCL (as gloo is for torch), so the partition, bucketing and overlap
-// logic runs with world sizes 2-8 on a machine without GPUs.
+// HostComm: the collectives ZeRO needs (Communicator: all-reduce, reduce-scatter, all-gather of
+// fp32 and raw bytes, barrier) between real processes on one machine, through a POSIX shared-memory
+// segment — the CPU backend next to NCCL (as gloo is for torch), so the partition, bucketing and
+// overlap logic runs with world sizes 2-8 on a machine without GPUs.
 //
 // The segment (/dev/shm/<name>, created by rank 0, which removes it when done; the name must
 // be unique per run) holds a header and one region of `region_bytes` per rank. A collective
 // goes through in chunks that fit the regions: each rank writes its chunk into its own region,
 // all meet at a barrier, each reads what it needs from every region, all meet again.
-// Reductions add the ranks' values in rank order (0, 1, ..., N-1) on every rank, so every rank
-// gets the same bits, run after run.
+// Reductions add the ranks' values in rank order (0, 1, ..., N-1), from rank 0's value, on every
+// rank, so every rank gets the same bits, run after run.
 //
 // Failure: a barrier waits at most `timeout`; then the waiting rank marks the communicator
 // aborted (the others see it at once) and returns an error naming the ranks that never
@@ -21,11 +21,12 @@
 #include <memory>
 #include <string>
 
+#include "zero/communicator.h"
 #include "zoffload/status.h"
 
 namespace zoffload::internal::zero {
 
-class HostComm {
+class HostComm final : public Communicator {
  public:
   struct Options {
     std::string name;                 ///< the segment's name, unique per run ("zoffload-<id>")
@@ -34,20 +35,17 @@ class HostComm {
     std::chrono::milliseconds timeout{60'000};  ///< for the others to arrive at a barrier
   };
   static Result<std::unique_ptr<HostComm>> Create(const Options& options);
-  ~HostComm();
+  ~HostComm() override;
   HostComm(const HostComm&) = delete;
   HostComm& operator=(const HostComm&) = delete;
 
-  int rank() const { return options_.rank; }
-  int world() const { return options_.world; }
+  int rank() const override { return options_.rank; }
+  int world() const override { return options_.world; }
 
-  Status Barrier();
-  /// data[i] = the sum over ranks (in rank order) of their data[i], i < n.
-  Status AllReduceSum(float* data, uint64_t n);
-  /// recv[i] = the sum over ranks (in rank order) of their send[rank x count + i], i < count.
-  Status ReduceScatterSum(const float* send, float* recv, uint64_t count);
-  /// recv[q x bytes, (q + 1) x bytes) = rank q's send, for every rank q.
-  Status AllGather(const void* send, void* recv, uint64_t bytes);
+  Status Barrier() override;
+  Status AllReduceSum(float* data, uint64_t n) override;
+  Status ReduceScatterSum(const float* send, float* recv, uint64_t count) override;
+  Status AllGather(const void* send, void* recv, uint64_t bytes) override;
 
  private:
   struct Header;

@@ -3,39 +3,23 @@
 // order; a rank that dies makes the others fail within the timeout, naming it.
 #include "zero/host_comm.h"
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <functional>
 #include <vector>
 
 #include "common/strings.h"
+#include "zero/ranks.h"
 
 namespace zoffload::internal::zero {
 namespace {
 
+using testing::RunRanks;
+
 float Value(int rank, uint64_t k, uint64_t i) {
   return 0.1f * static_cast<float>(rank + 1) + 1e-3f * static_cast<float>((k * 7 + i) % 97);
-}
-
-// Runs `body(rank)` in `world` child processes; returns each one's exit code.
-std::vector<int> RunRanks(int world, const std::function<int(int)>& body) {
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) ::_exit(body(r));
-    pids.push_back(pid);
-  }
-  std::vector<int> codes;
-  for (pid_t pid : pids) {
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
-  }
-  return codes;
 }
 
 // The segment's name: made in the parent, before the fork, so that every rank has the same.

@@ -1,0 +1,421 @@
+#include "zero/zero_optimizer.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "common/strings.h"
+#include "cpu_adam/adam_math.h"
+#include "engine/param_math.h"
+#include "zero/exact_squares.h"
+
+namespace zoffload::internal::zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Writes the new values of the owned spans (OptimizerState's tensors) into the partition.
+class PartitionSink final : public ParamSink {
+ public:
+  PartitionSink(std::byte* values, const std::vector<BucketPlan::Span>& owned, DType dtype)
+      : values_(values), owned_(owned), dtype_(dtype) {}
+  Result<void*> Begin(size_t tensor, uint64_t first, uint64_t /*n*/) override {
+    return static_cast<void*>(At(tensor, first));
+  }
+  Status End(size_t tensor, uint64_t first, uint64_t n, const float* master) override {
+    if (dtype_ == DType::kFp32) std::memcpy(At(tensor, first), master, 4 * n);
+    return Status::Ok();
+  }
+
+ private:
+  std::byte* At(size_t tensor, uint64_t first) const {
+    return values_ + (owned_[tensor].offset + first) * DTypeBytes(dtype_);
+  }
+  std::byte* values_;
+  const std::vector<BucketPlan::Span>& owned_;
+  DType dtype_;
+};
+
+}  // namespace
+
+ZeroOptimizer::~ZeroOptimizer() = default;
+
+uint64_t ZeroOptimizer::bytes_per_element() const { return DTypeBytes(dtype_); }
+
+uint64_t ZeroOptimizer::owned_elements() const {
+  uint64_t n = 0;
+  for (const BucketPlan::Span& s : owned_) n += s.n;
+  return n;
+}
+
+Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& config,
+                                                             std::vector<ParameterSpec> specs,
+                                                             Communicator& comm,
+                                                             ZeroOptions options) {
+  std::unique_ptr<ZeroOptimizer> z(new ZeroOptimizer(config, comm));
+  const ZeroConfig& zc = config.zero_optimization;
+  if (zc.stage < 1 || zc.stage > 3) {
+    return InvalidArgumentError(
+        StrCat("ZeRO: zero_optimization.stage must be 1, 2 or 3 to partition across ranks, got ",
+               zc.stage));
+  }
+  if (zc.stage == 3 && zc.offload_param.device == OffloadDevice::kNvme) {
+    return UnimplementedError(
+        "ZeRO: zero_optimization.offload_param.device \"nvme\" is not supported with host "
+        "parameters yet; use \"cpu\" (the partition then stays in host memory)");
+  }
+  if (config.zoffload.overlap != Overlap::kNone) {
+    return InvalidArgumentError(
+        "ZeRO: zoffload.overlap must be \"none\" with zero_optimization across ranks (the "
+        "update needs every rank's gradients first)");
+  }
+  z->stage_ = zc.stage;
+  z->accumulation_ = static_cast<int>(config.gradient_accumulation_steps.value_or(1));
+  z->scaler_ = LossScaler(config.fp16);
+  ZO_ASSIGN_OR_RETURN(OptimizerStateOptions so, OptimizerStateOptions::FromConfig(config));
+  z->groups_ = options.groups.empty()
+                   ? std::vector<ParamGroup>{ParamGroup::FromConfig(config.optimizer)}
+                   : options.groups;
+  for (size_t g = 0; g < z->groups_.size(); ++g) {
+    ZO_RETURN_IF_ERROR(CheckGroup(z->groups_[g], StrCat("ZeRO: parameter group ", g)));
+  }
+  if (specs.empty()) return InvalidArgumentError("ZeRO: no parameters given");
+  std::vector<uint64_t> sizes;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ParameterSpec& s = specs[i];
+    if (s.name.empty()) return InvalidArgumentError(StrCat("ZeRO: parameter #", i, " has no name"));
+    if (s.elements == 0 || s.data == nullptr) {
+      return InvalidArgumentError(StrCat("ZeRO: parameter '", s.name,
+                                         "' needs memory and at least 1 element (got ", s.elements,
+                                         " elements at ", s.data, ")"));
+    }
+    if (s.group < 0 || s.group >= static_cast<int>(z->groups_.size())) {
+      return InvalidArgumentError(StrCat("ZeRO: parameter '", s.name, "' is in group ", s.group,
+                                         "; there are ", z->groups_.size(), " groups"));
+    }
+    if (s.dtype != specs[0].dtype) {
+      return InvalidArgumentError(StrCat("ZeRO: parameter '", s.name, "' is ", ToString(s.dtype),
+                                         " but '", specs[0].name, "' is ", ToString(specs[0].dtype),
+                                         "; the parameters of one optimizer share a dtype"));
+    }
+    if (!z->index_.emplace(s.name, i).second) {
+      return InvalidArgumentError(StrCat("ZeRO: parameter '", s.name, "' is given twice"));
+    }
+    Param p;
+    p.name = s.name;
+    p.n = s.elements;
+    p.data = zc.stage == 3 ? nullptr : s.data;
+    p.group = s.group;
+    z->params_.push_back(std::move(p));
+    sizes.push_back(s.elements);
+  }
+  z->dtype_ = specs[0].dtype;
+  std::vector<size_t> order = options.order;
+  if (order.empty()) {
+    for (size_t i = specs.size(); i > 0; --i) order.push_back(i - 1);
+  }
+  if (options.align == 0) return InvalidArgumentError("ZeRO: align must be at least 1 element");
+  auto plan = BucketPlan::Create(sizes, order, comm.world(),
+                                 static_cast<uint64_t>(zc.reduce_bucket_size), options.align);
+  if (!plan.ok()) return plan.status().WithContext("ZeRO");
+  z->plan_ = std::move(*plan);
+  const std::vector<BucketPlan::Bucket>& buckets = z->plan_.buckets();
+  uint64_t slice_at = 0, full_at = 0;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    z->bucket_offset_.push_back(slice_at);
+    z->full_offset_.push_back(full_at);
+    slice_at += z->plan_.slice(b);
+    full_at += buckets[b].padded;
+    for (const BucketPlan::Span& s : buckets[b].spans)
+      z->params_[s.tensor].places.push_back({b, s});
+  }
+  z->owned_ = z->plan_.Owned(comm.rank());
+
+  RuntimeContext* context = options.context;
+  if (context == nullptr) {
+    RuntimeOptions ro = RuntimeOptions::FromConfig(config);
+    if (comm.world() > 1) {  // ranks on one machine must not share a swap directory
+      for (std::string& dir : ro.nvme_paths) {
+        dir = StrCat(dir, "/rank", comm.rank());
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        if (ec) {
+          return FailedPreconditionError(
+              StrCat("ZeRO: cannot create this rank's swap directory ", dir, ": ", ec.message()));
+        }
+      }
+    }
+    ZO_ASSIGN_OR_RETURN(z->own_context_, RuntimeContext::Create(std::move(ro)));
+    context = z->own_context_.get();
+  }
+  z->rt_ = &context->impl();
+  SetCpuAdamCoreBinding(config.zoffload.cpu_adam_bind_cores);
+
+  const uint64_t part = z->plan_.partition_elements();
+  const uint64_t element = z->bytes_per_element();
+  ZO_ASSIGN_OR_RETURN(z->grads_,
+                      z->rt_->AllocateHost(4 * part, "ZeRO: the partition's gradient sums", false));
+  std::memset(z->grads_.data(), 0, z->grads_.size());
+  ZO_ASSIGN_OR_RETURN(
+      z->values_, z->rt_->AllocateHost(element * part, "ZeRO: the partition's parameters", false));
+  std::memset(z->values_.data(), 0, z->values_.size());
+  if (z->stage_ == 1) {
+    ZO_ASSIGN_OR_RETURN(z->full_grads_, z->rt_->AllocateHost(
+                                            4 * full_at, "ZeRO stage 1: the gradient sums", false));
+    std::memset(z->full_grads_.data(), 0, z->full_grads_.size());
+  }
+  if (!z->owned_.empty()) {
+    std::vector<OptimizerTensor> tensors;
+    for (const BucketPlan::Span& s : z->owned_) {
+      tensors.push_back(
+          {StrCat(specs[s.tensor].name, "[", s.first, ":", s.first + s.n, "]"), s.n, s.first});
+    }
+    ZO_ASSIGN_OR_RETURN(z->state_, OptimizerState::Create(std::move(tensors), *context, so));
+    std::vector<float> master;
+    for (size_t k = 0; k < z->owned_.size(); ++k) {
+      const BucketPlan::Span& s = z->owned_[k];
+      const ParameterSpec& spec = specs[s.tensor];
+      const std::byte* values = static_cast<const std::byte*>(spec.data) + s.first * element;
+      std::memcpy(z->values_.data() + s.offset * element, values, s.n * element);
+      const float* initial = spec.initial != nullptr ? spec.initial + s.first : nullptr;
+      if (initial == nullptr) {
+        master.resize(s.n);
+        Accumulate(master.data(), values, z->dtype_, s.n, false);
+        initial = master.data();
+      }
+      ZO_RETURN_IF_ERROR(
+          z->state_->Write(k, initial).WithContext(StrCat("ZeRO: initializing '", spec.name, "'")));
+    }
+  }
+  return z;
+}
+
+Result<ZeroOptimizer::Param*> ZeroOptimizer::Find(std::string_view name, std::string_view call) {
+  const auto it = index_.find(name);
+  if (it == index_.end()) {
+    return NotFoundError(StrCat(call, ": no parameter '", name, "' was registered"));
+  }
+  return &params_[it->second];
+}
+
+Status ZeroOptimizer::ReduceBucket(size_t b, int micro) {
+  Filling& f = filling_.at(b);
+  float* mine = grads_.as<float>() + bucket_offset_[b];
+  const uint64_t slice = plan_.slice(b);
+  if (micro == 0) {
+    return comm_.ReduceScatterSum(f.sums.data(), mine, slice)
+        .WithContext(StrCat("ZeRO: reduce-scatter of bucket ", b));
+  }
+  reduced_.resize(slice);
+  ZO_RETURN_IF_ERROR(comm_.ReduceScatterSum(f.sums.data(), reduced_.data(), slice)
+                         .WithContext(StrCat("ZeRO: reduce-scatter of bucket ", b)));
+  for (uint64_t i = 0; i < slice; ++i) mine[i] += reduced_[i];
+  return Status::Ok();
+}
+
+Status ZeroOptimizer::GradientReady(std::string_view name, const void* grad, uint64_t elements,
+                                    DType dtype) {
+  ZO_ASSIGN_OR_RETURN(Param * p, Find(name, "GradientReady"));
+  if (elements != p->n || dtype != dtype_ || grad == nullptr) {
+    return InvalidArgumentError(StrCat("GradientReady: '", p->name, "' takes ", p->n, " ",
+                                       ToString(dtype_), " elements, got ", elements, " ",
+                                       ToString(dtype), " at ", grad));
+  }
+  if (p->received == accumulation_) {
+    return FailedPreconditionError(
+        StrCat("GradientReady: '", p->name, "' already has its ", accumulation_,
+               " gradient(s) of this step (gradient_accumulation_steps); call Step first"));
+  }
+  const int micro = p->received;
+  const auto* bytes = static_cast<const std::byte*>(grad);
+  const uint64_t element = bytes_per_element();
+  for (const auto& [b, s] : p->places) {
+    const std::byte* from = bytes + s.first * element;
+    if (stage_ == 1) {
+      Accumulate(full_grads_.as<float>() + full_offset_[b] + s.offset, from, dtype_, s.n,
+                 micro > 0);
+      continue;
+    }
+    auto [it, fresh] = filling_.try_emplace(b);
+    Filling& f = it->second;
+    if (fresh) {
+      f.sums.assign(plan_.buckets()[b].padded, 0.0f);
+      f.micro = micro;
+    } else if (f.micro != micro) {
+      return FailedPreconditionError(
+          StrCat("GradientReady: '", p->name, "' sent its gradient of micro-batch ", micro + 1,
+                 " while bucket ", b, " still waits for gradients of micro-batch ", f.micro + 1,
+                 "; every parameter's gradient of a micro-batch must come before the next one's"));
+    }
+    Accumulate(f.sums.data() + s.offset, from, dtype_, s.n, false);
+    f.received += s.n;
+    if (f.received == plan_.buckets()[b].elements) {
+      const Status reduced = ReduceBucket(b, micro);
+      filling_.erase(b);
+      ZO_RETURN_IF_ERROR(reduced);
+    }
+  }
+  ++p->received;
+  return Status::Ok();
+}
+
+Status ZeroOptimizer::GatherBucket(size_t b, const std::byte* partition, uint64_t element,
+                                   std::byte* out) {
+  return comm_.AllGather(partition + bucket_offset_[b] * element, out, plan_.slice(b) * element)
+      .WithContext(StrCat("ZeRO: all-gather of bucket ", b));
+}
+
+Status ZeroOptimizer::AllGatherParameters() {
+  const uint64_t element = bytes_per_element();
+  std::vector<std::byte> bucket;
+  for (size_t b = 0; b < plan_.buckets().size(); ++b) {
+    bucket.resize(plan_.buckets()[b].padded * element);
+    ZO_RETURN_IF_ERROR(GatherBucket(b, values_.data(), element, bucket.data()));
+    for (const BucketPlan::Span& s : plan_.buckets()[b].spans) {
+      std::memcpy(static_cast<std::byte*>(params_[s.tensor].data) + s.first * element,
+                  bucket.data() + s.offset * element, s.n * element);
+    }
+  }
+  return Status::Ok();
+}
+
+Result<EngineStepStats> ZeroOptimizer::Step() {
+  const auto start = Clock::now();
+  std::vector<std::string> missing;
+  for (const Param& p : params_) {
+    if (p.received != accumulation_) {
+      missing.push_back(StrCat("'", p.name, "' (", p.received, " of ", accumulation_, ")"));
+    }
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (size_t k = 0; k < std::min<size_t>(missing.size(), 5); ++k) {
+      list += StrCat(k ? ", " : "", missing[k]);
+    }
+    return FailedPreconditionError(StrCat(
+        "Step: ", missing.size(), " of ", params_.size(), " parameters lack gradients: ", list,
+        missing.size() > 5 ? ", ..." : "", "; nothing was updated"));
+  }
+  if (stage_ == 1) {
+    for (size_t b = 0; b < plan_.buckets().size(); ++b) {
+      ZO_RETURN_IF_ERROR(comm_
+                             .ReduceScatterSum(full_grads_.as<float>() + full_offset_[b],
+                                               grads_.as<float>() + bucket_offset_[b],
+                                               plan_.slice(b))
+                             .WithContext(StrCat("Step: reduce-scatter of bucket ", b)));
+    }
+  }
+  // The exact norm: every rank's squares, added as integers.
+  const int threads = config_.zoffload.cpu_adam_threads > 0 ? config_.zoffload.cpu_adam_threads
+                                                            : omp_get_max_threads();
+  ExactSquares mine;
+  for (const BucketPlan::Span& s : owned_) mine.Add(grads_.as<float>() + s.offset, s.n, threads);
+  std::vector<ExactSquares> all(static_cast<size_t>(comm_.world()));
+  ZO_RETURN_IF_ERROR(comm_.AllGather(&mine, all.data(), sizeof(ExactSquares))
+                         .WithContext("Step: the gradient norm's parts"));
+  ExactSquares total;
+  for (const ExactSquares& part : all) total.Merge(part);
+  const GradNorm norm{std::sqrt(total.Sum()), total.finite()};
+
+  EngineStepStats stats;
+  const float scale = scaler_.scale();
+  stats.loss_scale = scale;
+  const float max_norm = static_cast<float>(config_.gradient_clipping);
+  AdamStepResult result;
+  if (state_ != nullptr) {
+    AdamHyper base = HyperFromConfig(config_.optimizer);
+    base.step = steps_ + 1;
+    const std::vector<AdamHyper> hypers = GroupHypers(groups_, base);
+    std::vector<TensorGrads> grads;
+    for (const BucketPlan::Span& s : owned_) {
+      grads.push_back({grads_.as<float>() + s.offset, DType::kFp32, nullptr, CopyFor(dtype_),
+                       &hypers[params_[s.tensor].group]});
+    }
+    PartitionSink sink(values_.data(), owned_, dtype_);
+    auto stepped = state_->Step(grads, base, scale, max_norm, &sink, {}, &norm);
+    if (!stepped.ok()) return stepped.status().WithContext("Step");
+    result = *stepped;
+    if (!result.skipped) stats.adam_seconds = state_->last_step().adam_seconds;
+  } else if (!norm.finite) {  // this rank owns no elements: the same decision, no update
+    result.skipped = true;
+  } else {
+    ClipAndUnscale(norm.l2, scale, max_norm, &result.grad_norm, &result.clip_coef);
+  }
+  if (!result.skipped) {
+    ++steps_;
+    if (stage_ < 3) ZO_RETURN_IF_ERROR(AllGatherParameters().WithContext("Step"));
+  }
+  scaler_.Update(result.skipped);
+  for (Param& p : params_) p.received = 0;
+  stats.step = steps_;
+  stats.skipped = result.skipped;
+  stats.grad_norm = result.grad_norm;
+  stats.clip_coef = result.clip_coef;
+  stats.seconds = Since(start);
+  return stats;
+}
+
+Result<void*> ZeroOptimizer::Fetch(std::string_view name) {
+  if (stage_ != 3) {
+    return FailedPreconditionError(StrCat("Fetch: '", name, "': at zero_optimization.stage ",
+                                          stage_, " every rank keeps every parameter whole"));
+  }
+  ZO_ASSIGN_OR_RETURN(Param * p, Find(name, "Fetch"));
+  if (fetched_.contains(name)) {
+    return FailedPreconditionError(
+        StrCat("Fetch: '", p->name, "' is fetched already; Release it first"));
+  }
+  const uint64_t element = bytes_per_element();
+  Fetched f;
+  f.values.resize(p->n * element);
+  std::vector<std::byte> bucket;
+  for (const auto& [b, s] : p->places) {
+    bucket.resize(plan_.buckets()[b].padded * element);
+    ZO_RETURN_IF_ERROR(GatherBucket(b, values_.data(), element, bucket.data())
+                           .WithContext(StrCat("Fetch: '", p->name, "'")));
+    std::memcpy(f.values.data() + s.first * element, bucket.data() + s.offset * element,
+                s.n * element);
+  }
+  auto [it, inserted] = fetched_.emplace(p->name, std::move(f));
+  return static_cast<void*>(it->second.values.data());
+}
+
+Status ZeroOptimizer::Release(std::string_view name) {
+  const auto it = fetched_.find(name);
+  if (it == fetched_.end()) {
+    return FailedPreconditionError(StrCat("Release: '", name, "' is not fetched"));
+  }
+  fetched_.erase(it);
+  return Status::Ok();
+}
+
+Status ZeroOptimizer::GatherMaster(std::string_view name, float* out) {
+  ZO_ASSIGN_OR_RETURN(Param * p, Find(name, "GatherMaster"));
+  std::vector<float> masters(plan_.partition_elements(), 0.0f);
+  const StatePrecision precision = config_.zoffload.optimizer_state;
+  for (size_t k = 0; k < owned_.size(); ++k) {
+    const BucketPlan::Span& s = owned_[k];
+    std::vector<std::byte> m(AdamMomentBytes(precision, s.n)), v(m.size());
+    ZO_RETURN_IF_ERROR(state_->Read(k, masters.data() + s.offset, m.data(), v.data())
+                           .WithContext(StrCat("GatherMaster: '", p->name, "'")));
+  }
+  std::vector<float> bucket;
+  for (const auto& [b, s] : p->places) {
+    bucket.resize(plan_.buckets()[b].padded);
+    ZO_RETURN_IF_ERROR(GatherBucket(b, reinterpret_cast<const std::byte*>(masters.data()), 4,
+                                    reinterpret_cast<std::byte*>(bucket.data()))
+                           .WithContext(StrCat("GatherMaster: '", p->name, "'")));
+    std::memcpy(out + s.first, bucket.data() + s.offset, 4 * s.n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace zoffload::internal::zero

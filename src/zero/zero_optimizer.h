@@ -1,0 +1,158 @@
+// ZeroOptimizer: one rank's ZeRO stage 1, 2 or 3 (zero_optimization.stage) over a
+// Communicator, with the optimizer partition offloaded as offload_optimizer says (host memory
+// or NVMe, through OptimizerState) and host parameters — the HostComm backend, real processes
+// on one machine.
+//
+// The plan (BucketPlan) lays the parameters end to end in the order their gradients arrive,
+// cuts them into buckets of reduce_bucket_size elements and gives rank r slice r of every
+// bucket. Rank r keeps the fp32 masters and Adam moments of its partition only.
+// - Stage 1: each rank adds its micro-batches' gradients over all elements (fp32); Step
+//   reduce-scatters every bucket, so each rank gets the summed gradients of its partition.
+// - Stage 2: a bucket is reduce-scattered as soon as its last gradient of the micro-batch has
+//   arrived (during backward); a rank keeps fp32 sums of its partition only, and a bucket's
+//   buffer only until then.
+// - Stage 3: as stage 2, and a rank keeps only its partition of the parameters too. Fetch(name)
+//   all-gathers the buckets that hold a parameter and returns its values, which the optimizer
+//   owns until Release(name) (forward and backward pre-hooks fetch, post-hooks release).
+// Step: the gradient norm is exact over every partition (ExactSquares, combined as integers),
+// hence the same at every world size; then inf/NaN skip (fp16 loss scale), clipping and the
+// update of this rank's partition, and at stages 1 and 2 the all-gather of the new values into
+// every rank's full parameters.
+//
+// Determinism: sums over ranks run in rank order from rank 0's value, sums over micro-batches
+// in micro-batch order. With one micro-batch per rank, world size N gives the bits of world
+// size 1 taking the same N micro-batches as N accumulation steps, at every stage. (With several
+// micro-batches per rank, stage 1 adds each rank's micro-batches first and stages 2 and 3 each
+// micro-batch's ranks first: the same sums in another order.)
+//
+// Collectives: every rank must make the same GradientReady, Step, Fetch, Release and
+// GatherMaster calls in the same order (the same model, the same backward order). A rank that
+// dies makes the others' next collective fail within the communicator's timeout, naming it.
+//
+// Thread-safety: one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/loss_scaler.h"
+#include "tiers/optimizer_state.h"
+#include "tiers/runtime_context.h"
+#include "zero/bucket_plan.h"
+#include "zero/communicator.h"
+#include "zoffload/config.h"
+#include "zoffload/engine.h"
+#include "zoffload/runtime.h"
+#include "zoffload/status.h"
+
+namespace zoffload::internal::zero {
+
+struct ZeroOptions {
+  /// Parameter indices in the order their gradients arrive; empty: the reverse of the given
+  /// order (backward runs the model backwards).
+  std::vector<size_t> order;
+  /// The parameter groups; empty: one group from the config's optimizer.params.
+  std::vector<ParamGroup> groups;
+  /// Shared with other parts (must outlive the optimizer); null: one of its own from the config
+  /// (at world size > 1 with the NVMe directories' subdirectory "rank<r>", made if missing).
+  RuntimeContext* context = nullptr;
+  /// Each rank's slice of a bucket is a multiple of this many elements (64 bytes of fp32 at
+  /// the default, so that slices start on cache lines).
+  uint64_t align = 16;
+};
+
+class ZeroOptimizer {
+ public:
+  /// `params`: host memory, one dtype for all. At stages 1 and 2 `data` is the parameter every
+  /// rank keeps whole (Step writes the new values into it); at stage 3 it is read here for the
+  /// initial values only (ParameterSpec::initial, when given, is the fp32 master) and may be
+  /// freed after. Errors name the parameter, key or size at fault.
+  static Result<std::unique_ptr<ZeroOptimizer>> Create(const Config& config,
+                                                       std::vector<ParameterSpec> params,
+                                                       Communicator& comm,
+                                                       ZeroOptions options = {});
+  ~ZeroOptimizer();
+  ZeroOptimizer(const ZeroOptimizer&) = delete;
+  ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
+
+  /// Parameter `name`'s gradient of this micro-batch (host memory, its dtype); the memory may be
+  /// reused when this returns. Stages 2 and 3 reduce-scatter a bucket here when it is complete.
+  Status GradientReady(std::string_view name, const void* grad, uint64_t elements, DType dtype);
+  /// The optimizer step at the accumulation boundary (EngineStepStats: step, skipped,
+  /// grad_norm, clip_coef, loss_scale, seconds, adam_seconds).
+  Result<EngineStepStats> Step();
+
+  /// Stage 3: parameter `name`'s current values (elements of its dtype), valid until
+  /// Release(name). Fetching a parameter twice without a Release is an error.
+  Result<void*> Fetch(std::string_view name);
+  Status Release(std::string_view name);
+
+  /// Parameter `name`'s fp32 master values, gathered from the ranks that own them (collective).
+  Status GatherMaster(std::string_view name, float* out);
+
+  int stage() const { return stage_; }
+  float loss_scale() const { return scaler_.scale(); }
+  int64_t steps() const { return steps_; }
+  /// This rank's partition: elements (padding included; the same on every rank).
+  uint64_t partition_elements() const { return plan_.partition_elements(); }
+  /// The elements whose optimizer state this rank holds (its partition without padding).
+  uint64_t owned_elements() const;
+
+ private:
+  struct Param {
+    std::string name;
+    uint64_t n = 0;
+    void* data = nullptr;  // stages 1 and 2: the whole parameter
+    int group = 0;
+    int received = 0;  // gradients in this accumulation window
+    // Where its elements lie: spans of the plan's buckets, in element order.
+    std::vector<std::pair<size_t, BucketPlan::Span>> places;  // (bucket, span)
+  };
+  struct Fetched {
+    std::vector<std::byte> values;
+  };
+  ZeroOptimizer(const Config& config, Communicator& comm) : config_(config), comm_(comm) {}
+  Result<Param*> Find(std::string_view name, std::string_view call);
+  uint64_t bytes_per_element() const;
+  // Every rank's slices of bucket b of `partition` (bytes per element `element`) into `out`.
+  Status GatherBucket(size_t b, const std::byte* partition, uint64_t element, std::byte* out);
+  Status ReduceBucket(size_t b, int micro);
+  Status AllGatherParameters();
+
+  Config config_;
+  Communicator& comm_;
+  int stage_ = 1;
+  int accumulation_ = 1;
+  DType dtype_ = DType::kBf16;
+  std::vector<Param> params_;
+  std::map<std::string, size_t, std::less<>> index_;
+  std::vector<ParamGroup> groups_;
+  LossScaler scaler_{Fp16Config{}};
+  int64_t steps_ = 0;
+  BucketPlan plan_;
+  std::vector<uint64_t> bucket_offset_;  // bucket b's slice in a partition (elements)
+  std::vector<uint64_t> full_offset_;    // stage 1: bucket b in the full gradient buffer
+  std::vector<BucketPlan::Span> owned_;  // this rank's tensor elements, partition order
+  std::unique_ptr<RuntimeContext> own_context_;
+  Runtime* rt_ = nullptr;
+  std::unique_ptr<OptimizerState> state_;  // one tensor per owned span; null if none
+  HostMemory grads_;                       // the partition's fp32 gradient sums
+  HostMemory values_;                      // the partition's parameter values (dtype)
+  HostMemory full_grads_;                  // stage 1: every bucket's fp32 sums, padded
+  // Stages 2 and 3: the buckets being filled in this micro-batch (fp32, padded), their
+  // elements received so far and the micro-batch they belong to.
+  struct Filling {
+    std::vector<float> sums;
+    uint64_t received = 0;
+    int micro = 0;
+  };
+  std::map<size_t, Filling> filling_;
+  std::vector<float> reduced_;  // a reduced slice before it is added (micro-batch > 0)
+  std::map<std::string, Fetched, std::less<>> fetched_;  // stage 3
+};
+
+}  // namespace zoffload::internal::zero

@@ -1,0 +1,482 @@
+// ZeroOptimizer over HostComm, real processes: a small MLP trained 20 steps at ZeRO stages 1, 2
+// and 3 with world sizes 2, 4 and 8 ends bit-identical (losses, norms, parameters, fp32
+// masters) to world size 1 taking the same micro-batches as accumulation steps — with clipping
+// on, uneven partitions (4 tensors of 91, 13, 13 and 1 elements; 8 ranks; ranks that own
+// nothing) and buckets that cut tensors. World size 1 equals the OffloadEngine (host mode). A
+// rank that dies mid-step makes the others fail, naming it, within the timeout. Bad calls get
+// clear errors.
+//
+// Every run is in child processes: the parent never starts OpenMP, which a forked child could
+// not use.
+#include "zero/zero_optimizer.h"
+
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/strings.h"
+#include "engine/param_math.h"
+#include "test_util.h"
+#include "zero/host_comm.h"
+#include "zero/ranks.h"
+#include "zoffload/engine.h"
+
+namespace zoffload::internal::zero {
+namespace {
+
+using internal::testing::TempDir;
+using testing::RunRanks;
+using testing::SegmentName;
+
+constexpr int kIn = 7, kHidden = 13, kBatch = 4, kSteps = 20;
+const std::vector<std::string> kNames = {"w1", "b1", "w2", "b2"};
+const std::vector<uint64_t> kSizes = {kHidden * kIn, kHidden, kHidden, 1};
+
+// y = w2 . tanh(w1 x + b1) + b2, loss 0.5 (y - t)^2 averaged over the batch. Parameters are read
+// as floats from their dtype; gradients go out in that dtype.
+struct Mlp {
+  DType dtype;
+  std::vector<std::vector<float>> values;  // as floats, per tensor
+
+  void Load(int t, const void* data) {
+    values[t].resize(kSizes[t]);
+    Accumulate(values[t].data(), data, dtype, kSizes[t], false);
+  }
+
+  // Micro-batch `micro` of step `step`: its loss, and the gradients (dtype bytes per tensor).
+  float Backward(int step, int micro, std::vector<std::vector<std::byte>>* grads) const {
+    std::mt19937 rng(static_cast<uint32_t>(1000 * step + micro));
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<std::vector<float>> g(4);
+    for (int t = 0; t < 4; ++t) g[t].assign(kSizes[t], 0.0f);
+    float loss = 0;
+    for (int s = 0; s < kBatch; ++s) {
+      float x[kIn], h[kHidden];
+      float sum = 0;
+      for (float& v : x) sum += (v = u(rng));
+      const float target = std::sin(sum);
+      float y = values[3][0];
+      for (int j = 0; j < kHidden; ++j) {
+        float a = values[1][j];
+        for (int i = 0; i < kIn; ++i) a += values[0][j * kIn + i] * x[i];
+        h[j] = std::tanh(a);
+        y += values[2][j] * h[j];
+      }
+      const float dy = (y - target) / kBatch;
+      loss += 0.5f * (y - target) * (y - target) / kBatch;
+      g[3][0] += dy;
+      for (int j = 0; j < kHidden; ++j) {
+        g[2][j] += dy * h[j];
+        const float da = dy * values[2][j] * (1 - h[j] * h[j]);
+        g[1][j] += da;
+        for (int i = 0; i < kIn; ++i) g[0][j * kIn + i] += da * x[i];
+      }
+    }
+    grads->resize(4);
+    for (int t = 0; t < 4; ++t) {
+      (*grads)[t].resize(kSizes[t] * DTypeBytes(dtype));
+      CastFromFloat(g[t].data(), (*grads)[t].data(), dtype, kSizes[t]);
+    }
+    return loss;
+  }
+};
+
+// The initial parameters (seed 0), in `dtype`.
+std::vector<std::vector<std::byte>> InitialValues(DType dtype) {
+  std::mt19937 rng(0);
+  std::normal_distribution<float> normal(0.0f, 0.4f);
+  std::vector<std::vector<std::byte>> out;
+  for (uint64_t n : kSizes) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    out.emplace_back(n * DTypeBytes(dtype));
+    CastFromFloat(v.data(), out.back().data(), dtype, n);
+  }
+  return out;
+}
+
+// How one rank trains: its world, the stage, and what the config sets.
+struct RankRun {
+  std::string segment;  // the HostComm segment
+  int world = 1, stage = 1;
+  int accumulation = 1;  // micro-batches per rank and step
+  DType dtype = DType::kFp32;
+  std::string state = "fp32";
+  std::string nvme;  // offload_optimizer nvme into this directory; empty: cpu
+  double clipping = 0.05;
+  int die_at_step = -1;  // rank world - 1 exits after its first gradient of that step
+  std::string out;       // the record's file
+};
+
+std::string ConfigJson(const RankRun& run) {
+  const std::string device =
+      run.nvme.empty() ? R"("cpu")" : StrCat(R"("nvme", "nvme_path": ")", run.nvme, R"(")");
+  return StrCat(R"({"gradient_accumulation_steps": )", run.accumulation,
+                R"(, "gradient_clipping": )", run.clipping, R"(,
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
+    "zero_optimization": {"stage": )",
+                run.stage, R"(, "reduce_bucket_size": 40,
+      "offload_optimizer": {"device": )",
+                device, R"(}},
+    "zoffload": {"cpu_adam_threads": 1, "optimizer_state": ")",
+                run.state, R"("}})");
+}
+
+// What a run records: per step, every micro-batch's loss (in global micro-batch order) and the
+// norm; at the end every parameter's values and fp32 master.
+struct Record {
+  std::vector<float> losses;
+  std::vector<double> norms;
+  std::vector<float> clips;
+  std::vector<std::byte> values;
+  std::vector<float> masters;
+  bool operator==(const Record&) const = default;
+};
+
+void WriteRecord(const std::string& path, const Record& r) {
+  std::ofstream out(path, std::ios::binary);
+  auto put = [&](const auto& v) {
+    const uint64_t n = v.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out.write(reinterpret_cast<const char*>(v.data()),
+              static_cast<std::streamsize>(n * sizeof(v[0])));
+  };
+  put(r.losses);
+  put(r.norms);
+  put(r.clips);
+  put(r.values);
+  put(r.masters);
+}
+
+Record ReadRecord(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  Record r;
+  auto get = [&](auto& v) {
+    uint64_t n = 0;
+    in.read(reinterpret_cast<char*>(&n), 8);
+    v.resize(n);
+    in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(v[0])));
+  };
+  get(r.losses);
+  get(r.norms);
+  get(r.clips);
+  get(r.values);
+  get(r.masters);
+  return r;
+}
+
+// Trains kSteps steps as rank `rank` of run.world (each rank takes micro-batches
+// rank x accumulation ... of every step); writes the rank's losses to run.out + ".rank<r>" and
+// rank 0's whole record to run.out. Returns 0, or the exit code of a failure (its message on
+// stderr, and in run.out + ".error<r>").
+int Train(const RankRun& run, int rank) {
+  const DType dtype = run.dtype;
+  auto fail = [&](int code, const Status& s) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, s.ToString().c_str());
+    std::ofstream(StrCat(run.out, ".error", rank)) << s.ToString();
+    return code;
+  };
+  HostComm::Options co;
+  co.name = run.segment;
+  co.rank = rank;
+  co.world = run.world;
+  co.region_bytes = 256;  // smaller than a bucket: the collectives go in chunks
+  co.timeout = std::chrono::milliseconds(run.die_at_step >= 0 ? 1'000 : 30'000);
+  auto comm = HostComm::Create(co);
+  if (!comm.ok()) return fail(10, comm.status());
+  auto config = ParseConfig(ConfigJson(run));
+  if (!config.ok()) return fail(11, config.status());
+  std::vector<std::vector<std::byte>> values = InitialValues(dtype);
+  std::vector<ParameterSpec> specs;
+  for (int t = 0; t < 4; ++t) specs.push_back({kNames[t], values[t].data(), kSizes[t], dtype});
+  auto zero = ZeroOptimizer::Create(*config, specs, **comm);
+  if (!zero.ok()) return fail(12, zero.status());
+  ZeroOptimizer& z = **zero;
+  const int stage = run.stage, accumulation = run.accumulation;
+  Mlp model{dtype, std::vector<std::vector<float>>(4)};
+  Record record;
+  for (int step = 0; step < kSteps; ++step) {
+    for (int a = 0; a < accumulation; ++a) {
+      for (int t = 0; t < 4; ++t) {
+        if (stage == 3) {
+          auto fetched = z.Fetch(kNames[t]);
+          if (!fetched.ok()) return fail(13, fetched.status());
+          model.Load(t, *fetched);
+        } else {
+          model.Load(t, values[t].data());
+        }
+      }
+      std::vector<std::vector<std::byte>> grads;
+      record.losses.push_back(model.Backward(step, rank * accumulation + a, &grads));
+      for (int t = 3; t >= 0; --t) {  // backward order
+        const Status s = z.GradientReady(kNames[t], grads[t].data(), kSizes[t], dtype);
+        if (!s.ok()) return fail(14, s);
+        if (step == run.die_at_step && rank == run.world - 1) ::_exit(0);
+        if (stage == 3 && !z.Release(kNames[t]).ok()) return 15;
+      }
+    }
+    auto stats = z.Step();
+    if (!stats.ok()) return fail(16, stats.status());
+    record.norms.push_back(stats->grad_norm);
+    record.clips.push_back(stats->clip_coef);
+  }
+  for (int t = 0; t < 4; ++t) {
+    const void* now = values[t].data();
+    if (stage == 3) {
+      auto fetched = z.Fetch(kNames[t]);
+      if (!fetched.ok()) return fail(17, fetched.status());
+      now = *fetched;
+    }
+    const auto* bytes = static_cast<const std::byte*>(now);
+    record.values.insert(record.values.end(), bytes, bytes + kSizes[t] * DTypeBytes(dtype));
+    std::vector<float> master(kSizes[t]);
+    const Status s = z.GatherMaster(kNames[t], master.data());
+    if (!s.ok()) return fail(18, s);
+    record.masters.insert(record.masters.end(), master.begin(), master.end());
+  }
+  WriteRecord(StrCat(run.out, ".rank", rank),
+              Record{record.losses, record.norms, record.clips, {}, {}});
+  if (rank == 0) WriteRecord(run.out, record);
+  return 0;
+}
+
+struct Case {
+  int stage;
+  DType dtype;
+  const char* state;
+};
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "stage " << c.stage << ", " << ToString(c.dtype) << " parameters, " << c.state << " state";
+}
+
+class ZeroWorldTest : public ::testing::TestWithParam<Case> {};
+
+// World size N (one micro-batch per rank) against world size 1 taking the N micro-batches as
+// accumulation steps: the same bits, every stage.
+TEST_P(ZeroWorldTest, WorldSizesGiveTheBitsOfWorldSizeOne) {
+  const Case c = GetParam();
+  TempDir dir;
+  for (int world : {2, 4, 8}) {
+    RankRun ref;
+    ref.segment = SegmentName(StrCat("ref", world));
+    ref.stage = c.stage;
+    ref.accumulation = world;
+    ref.dtype = c.dtype;
+    ref.state = c.state;
+    ref.out = dir.File(StrCat("ref", world));
+    RankRun got = ref;
+    got.segment = SegmentName(StrCat("w", world));
+    got.world = world;
+    got.accumulation = 1;
+    got.out = dir.File(StrCat("got", world));
+    ASSERT_EQ(RunRanks(1, [&](int r) { return Train(ref, r); }), std::vector<int>{0});
+    ASSERT_EQ(RunRanks(world, [&](int r) { return Train(got, r); }), std::vector<int>(world, 0));
+    const Record want = ReadRecord(ref.out), have = ReadRecord(got.out);
+    ASSERT_EQ(want.losses.size(), static_cast<size_t>(kSteps * world));
+    EXPECT_EQ(have.norms, want.norms) << "world " << world;
+    EXPECT_EQ(have.clips, want.clips) << "world " << world;
+    EXPECT_TRUE(have.values == want.values) << "world " << world;
+    EXPECT_TRUE(have.masters == want.masters) << "world " << world;
+    // Every rank's losses are world 1's of the same micro-batches.
+    for (int r = 0; r < world; ++r) {
+      const Record rank = ReadRecord(StrCat(got.out, ".rank", r));
+      for (int step = 0; step < kSteps; ++step) {
+        EXPECT_EQ(rank.losses[step], want.losses[step * world + r])
+            << "world " << world << " rank " << r << " step " << step;
+      }
+    }
+    // Clipping was on for a part of the run, and training moved the loss.
+    EXPECT_LT(*std::min_element(want.clips.begin(), want.clips.end()), 1.0f);
+    EXPECT_LT(want.losses.back(), want.losses.front());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stages, ZeroWorldTest,
+    ::testing::Values(Case{1, DType::kFp32, "fp32"}, Case{2, DType::kFp32, "fp32"},
+                      Case{3, DType::kFp32, "fp32"}, Case{1, DType::kBf16, "bf16"},
+                      Case{2, DType::kBf16, "fp32"}, Case{3, DType::kBf16, "bf16"}),
+    [](const auto& param_info) {
+      return StrCat("stage", param_info.param.stage, "_", ToString(param_info.param.dtype), "_",
+                    param_info.param.state, "_state");
+    });
+
+// Optimizer state on NVMe: each rank swaps into its own subdirectory, with the bits of host state.
+TEST(ZeroOptimizerTest, NvmeStateGivesTheBitsOfHostState) {
+  TempDir dir;
+  RankRun host;
+  host.segment = SegmentName("host");
+  host.world = 2;
+  host.stage = 2;
+  host.out = dir.File("host");
+  RankRun nvme = host;
+  nvme.segment = SegmentName("nvme");
+  nvme.nvme = dir.path();
+  nvme.out = dir.File("nvme");
+  ASSERT_EQ(RunRanks(2, [&](int r) { return Train(host, r); }), (std::vector<int>{0, 0}));
+  ASSERT_EQ(RunRanks(2, [&](int r) { return Train(nvme, r); }), (std::vector<int>{0, 0}));
+  EXPECT_TRUE(ReadRecord(nvme.out) == ReadRecord(host.out));
+  EXPECT_TRUE(std::filesystem::is_directory(dir.File("rank0")));
+  EXPECT_TRUE(std::filesystem::is_directory(dir.File("rank1")));
+}
+
+// Rank 2 of 3 dies after its first gradient of step 3: the others fail within the timeout
+// with an error that names it (or says another rank gave up), and never hang.
+TEST(ZeroOptimizerTest, ARankThatDiesIsAClearErrorNotAHang) {
+  TempDir dir;
+  for (int stage : {1, 2, 3}) {
+    const auto start = std::chrono::steady_clock::now();
+    RankRun run;
+    run.segment = SegmentName(StrCat("dead", stage));
+    run.world = 3;
+    run.stage = stage;
+    run.die_at_step = 3;
+    run.out = dir.File(StrCat("dead", stage));
+    const std::vector<int> codes = RunRanks(3, [&](int r) { return Train(run, r); });
+    EXPECT_EQ(codes[2], 0) << "stage " << stage;
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_NE(codes[r], 0) << "stage " << stage << " rank " << r;
+      std::ifstream in(StrCat(run.out, ".error", r));
+      const std::string error{std::istreambuf_iterator<char>(in), {}};
+      EXPECT_TRUE(error.find("rank(s) 2 did not reach barrier") != std::string::npos ||
+                  error.find("CANCELLED") != std::string::npos)
+          << "stage " << stage << " rank " << r << ": " << error;
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  }
+}
+
+// World size 1 updates as the OffloadEngine does (host mode, no clipping: the engine's float64
+// norm and the exact one may differ in their last bits, which only clipping would see).
+TEST(ZeroOptimizerTest, WorldSizeOneEqualsTheEngine) {
+  TempDir dir;
+  for (int stage : {1, 2, 3}) {
+    RankRun zero;
+    zero.segment = SegmentName(StrCat("one", stage));
+    zero.stage = stage;
+    zero.dtype = DType::kBf16;
+    zero.state = "bf16";
+    zero.clipping = 0;
+    zero.out = dir.File(StrCat("zero", stage));
+    ASSERT_EQ(RunRanks(1, [&](int r) { return Train(zero, r); }), std::vector<int>{0});
+    const std::string engine_out = dir.File("engine");
+    const std::vector<int> code = RunRanks(1, [&](int) {
+      auto config = ParseConfig(ConfigJson(zero));
+      if (!config.ok()) return 1;
+      std::vector<std::vector<std::byte>> values = InitialValues(zero.dtype);
+      std::vector<ParameterSpec> specs;
+      for (int t = 0; t < 4; ++t) {
+        specs.push_back({kNames[t], values[t].data(), kSizes[t], zero.dtype});
+      }
+      EngineOptions eo;
+      eo.host_params = true;
+      auto engine = OffloadEngine::Create(*config, specs, eo);
+      if (!engine.ok()) return 2;
+      Mlp model{zero.dtype, std::vector<std::vector<float>>(4)};
+      Record record;
+      for (int step = 0; step < kSteps; ++step) {
+        for (int t = 0; t < 4; ++t) model.Load(t, values[t].data());
+        std::vector<std::vector<std::byte>> grads;
+        record.losses.push_back(model.Backward(step, 0, &grads));
+        for (int t = 3; t >= 0; --t) {
+          if (!(*engine)->GradientReady(kNames[t], grads[t].data(), kSizes[t], zero.dtype).ok())
+            return 3;
+        }
+        if (!(*engine)->Step().ok()) return 4;
+      }
+      for (int t = 0; t < 4; ++t) {
+        record.values.insert(record.values.end(), values[t].begin(), values[t].end());
+        std::vector<float> master(kSizes[t]);
+        std::vector<std::byte> m(AdamMomentBytes(StatePrecision::kBf16, kSizes[t])), v(m.size());
+        if (!(*engine)->ReadState(kNames[t], master.data(), m.data(), v.data()).ok()) return 5;
+        record.masters.insert(record.masters.end(), master.begin(), master.end());
+      }
+      WriteRecord(engine_out, record);
+      return 0;
+    });
+    ASSERT_EQ(code, std::vector<int>{0});
+    const Record want = ReadRecord(engine_out), have = ReadRecord(zero.out);
+    EXPECT_EQ(have.losses, want.losses) << "stage " << stage;
+    EXPECT_TRUE(have.values == want.values) << "stage " << stage;
+    EXPECT_TRUE(have.masters == want.masters) << "stage " << stage;
+  }
+}
+
+// Bad calls and configs get errors that name what is wrong; nothing is updated by them.
+TEST(ZeroOptimizerTest, BadInputIsAClearError) {
+  const std::vector<int> code = RunRanks(1, [&](int) {
+    int failures = 0;
+    auto expect = [&](const Status& s, StatusCode want, const std::string& text) {
+      if (s.code() != want || s.message().find(text) == std::string::npos) {
+        std::fprintf(stderr, "want %s: got %s\n", text.c_str(), s.ToString().c_str());
+        ++failures;
+      }
+    };
+    auto comm = HostComm::Create({.name = SegmentName("bad")});
+    if (!comm.ok()) return 100;
+    std::vector<std::vector<std::byte>> values = InitialValues(DType::kFp32);
+    std::vector<ParameterSpec> specs;
+    for (int t = 0; t < 4; ++t) {
+      specs.push_back({kNames[t], values[t].data(), kSizes[t], DType::kFp32});
+    }
+    auto with = [&](int stage, const std::string& extra = "") {
+      RankRun run;
+      run.stage = stage;
+      std::string json = ConfigJson(run);
+      if (!extra.empty()) json.insert(json.rfind('}'), StrCat(", ", extra));
+      return ParseConfig(json);
+    };
+    auto config = with(0);
+    if (config.ok()) {
+      config->zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
+      expect(ZeroOptimizer::Create(*config, specs, **comm).status(), StatusCode::kInvalidArgument,
+             "zero_optimization.stage must be 1, 2 or 3");
+    }
+    auto mixed = specs;
+    mixed[2].dtype = DType::kBf16;
+    expect(ZeroOptimizer::Create(*with(2), mixed, **comm).status(), StatusCode::kInvalidArgument,
+           "parameter 'w2' is bf16 but 'w1' is fp32");
+    auto twice = specs;
+    twice[3].name = "w1";
+    expect(ZeroOptimizer::Create(*with(2), twice, **comm).status(), StatusCode::kInvalidArgument,
+           "parameter 'w1' is given twice");
+    auto delayed = with(2, R"("zoffload": {"overlap": "delayed"})");
+    if (delayed.ok()) {
+      expect(ZeroOptimizer::Create(*delayed, specs, **comm).status(), StatusCode::kInvalidArgument,
+             "zoffload.overlap must be \"none\"");
+    }
+    auto z = ZeroOptimizer::Create(*with(2), specs, **comm);
+    if (!z.ok()) return 101;
+    std::vector<float> grad(kSizes[0], 0.5f);
+    expect((*z)->GradientReady("w9", grad.data(), kSizes[0], DType::kFp32), StatusCode::kNotFound,
+           "no parameter 'w9'");
+    expect((*z)->GradientReady("w1", grad.data(), kSizes[0] - 1, DType::kFp32),
+           StatusCode::kInvalidArgument, "'w1' takes 91 fp32 elements, got 90 fp32");
+    expect((*z)->GradientReady("w1", grad.data(), kSizes[0], DType::kFp32), StatusCode::kOk, "");
+    expect((*z)->GradientReady("w1", grad.data(), kSizes[0], DType::kFp32),
+           StatusCode::kFailedPrecondition, "already has its 1 gradient(s)");
+    expect((*z)->Step().status(), StatusCode::kFailedPrecondition,
+           "3 of 4 parameters lack gradients: 'b1' (0 of 1)");
+    expect((*z)->Fetch("w1").status(), StatusCode::kFailedPrecondition,
+           "every rank keeps every parameter whole");
+    auto z3 = ZeroOptimizer::Create(*with(3), specs, **comm);
+    if (!z3.ok()) return 102;
+    expect((*z3)->Fetch("b1").status(), StatusCode::kOk, "");
+    expect((*z3)->Fetch("b1").status(), StatusCode::kFailedPrecondition, "is fetched already");
+    expect((*z3)->Release("b1"), StatusCode::kOk, "");
+    expect((*z3)->Release("b1"), StatusCode::kFailedPrecondition, "'b1' is not fetched");
+    return failures;
+  });
+  EXPECT_EQ(code, std::vector<int>{0});
+}
+
+}  // namespace
+}  // namespace zoffload::internal::zero
