@@ -1,4 +1,5 @@
-// zoffload._zoffload: the OffloadEngine and the config for Python, over nanobind.
+// zoffload._zoffload: the OffloadEngine, the ZeRO optimizer of one rank and the config for
+// Python, over nanobind.
 //
 // 1. Arrays cross as DLPack (nb::ndarray): torch, numpy and cupy all work and nothing links
 //    libtorch. Each array is checked (device, dtype, contiguity, size) before its pointer goes
@@ -15,6 +16,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -24,6 +26,8 @@
 #include <utility>
 #include <vector>
 
+#include "zero/host_comm.h"
+#include "zero/zero_optimizer.h"
 #include "zoffload/config.h"
 #include "zoffload/cpu_adam.h"
 #include "zoffload/engine.h"
@@ -430,6 +434,127 @@ class Engine {
   std::unique_ptr<OffloadEngine> engine_;
 };
 
+// One rank's ZeRO stage 1-3 optimizer over the host shared-memory communicator (host
+// parameters); zoffload.torch makes it under torch.distributed.
+class Zero {
+ public:
+  Zero(const std::string& config_json,
+       const std::vector<std::tuple<std::string, AnyArray, int>>& params,
+       const std::vector<nb::dict>& groups, const std::string& segment, int rank, int world,
+       double timeout_seconds) {
+    const Config config = ParseConfigText(config_json);
+    if (params.empty()) Fail(StatusCode::kInvalidArgument, "ZeRO: no parameters given");
+    std::vector<ParameterSpec> specs;
+    for (const auto& [name, array, group] : params) {
+      const std::string what = "parameter '" + name + "'";
+      if (array.device_type() == nb::device::cuda::value) {
+        Fail(StatusCode::kUnimplemented,
+             what +
+                 " is on cuda: ZeRO across ranks (or stage 3) runs on cpu parameters for "
+                 "now, over the host shared-memory backend; GPU parameters over NCCL are not "
+                 "supported yet");
+      }
+      ParameterSpec s;
+      s.name = name;
+      s.dtype = CheckArray(array, what, false);
+      s.data = array.data();
+      s.elements = array.size();
+      s.group = group;
+      specs.push_back(std::move(s));
+      elements_.emplace(name, std::make_pair(array.size(), s.dtype));
+    }
+    internal::zero::ZeroOptions options;
+    const ParamGroup base = ParamGroup::FromConfig(config.optimizer);
+    for (const nb::dict& g : groups) options.groups.push_back(GroupFrom(g, base));
+    internal::zero::HostComm::Options co;
+    co.name = segment;
+    co.rank = rank;
+    co.world = world;
+    co.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
+    nb::gil_scoped_release release;
+    comm_ = Unwrap(internal::zero::HostComm::Create(co));
+    zero_ = Unwrap(internal::zero::ZeroOptimizer::Create(config, std::move(specs), *comm_,
+                                                         std::move(options)));
+  }
+
+  void GradientReady(const std::string& name, const AnyArray& grad) {
+    internal::zero::ZeroOptimizer& z = Live();
+    const DType dtype = CheckArray(grad, "the gradient of '" + name + "'", false);
+    nb::gil_scoped_release release;
+    Check(z.GradientReady(name, grad.data(), grad.size(), dtype));
+  }
+
+  nb::dict Step() {
+    internal::zero::ZeroOptimizer& z = Live();
+    EngineStepStats stats;
+    {
+      nb::gil_scoped_release release;
+      stats = Unwrap(z.Step());
+    }
+    return StatsDict(stats);
+  }
+
+  // The parameter's current values into `out` (cpu, its size and dtype).
+  void Gather(const std::string& name, const AnyArray& out) {
+    internal::zero::ZeroOptimizer& z = Live();
+    const auto [n, dtype] = Lookup(name);
+    const std::string what = "the output for '" + name + "'";
+    if (CheckArray(out, what, false) != dtype || out.size() != n) {
+      Fail(StatusCode::kInvalidArgument, what + " must hold " + std::to_string(n) + " " +
+                                             std::string(ToString(dtype)) + " elements");
+    }
+    nb::gil_scoped_release release;
+    Check(z.GatherParameter(name, out.data()));
+  }
+
+  nb::ndarray<nb::numpy, float, nb::ndim<1>> Master(const std::string& name) {
+    internal::zero::ZeroOptimizer& z = Live();
+    const uint64_t n = Lookup(name).first;
+    auto* master = new float[n];
+    nb::capsule owner(master, [](void* q) noexcept { delete[] static_cast<float*>(q); });
+    {
+      nb::gil_scoped_release release;
+      Check(z.GatherMaster(name, master));
+    }
+    return nb::ndarray<nb::numpy, float, nb::ndim<1>>(master, {n}, owner);
+  }
+
+  void SetGroup(int index, const nb::dict& group) {
+    internal::zero::ZeroOptimizer& z = Live();
+    if (index < 0 || index >= z.group_count()) {
+      Fail(StatusCode::kOutOfRange, "ZeRO: no parameter group " + std::to_string(index));
+    }
+    Check(z.SetGroup(index, GroupFrom(group, z.group(index))));
+  }
+
+  void Close() {
+    nb::gil_scoped_release release;
+    zero_.reset();
+    comm_.reset();
+  }
+
+  int stage() { return Live().stage(); }
+  int64_t steps() { return Live().steps(); }
+  float loss_scale() { return Live().loss_scale(); }
+  uint64_t partition_elements() { return Live().partition_elements(); }
+  uint64_t owned_elements() { return Live().owned_elements(); }
+
+ private:
+  std::pair<uint64_t, DType> Lookup(const std::string& name) const {
+    auto it = elements_.find(name);
+    if (it == elements_.end()) Fail(StatusCode::kNotFound, "ZeRO: no parameter '" + name + "'");
+    return it->second;
+  }
+  internal::zero::ZeroOptimizer& Live() {
+    if (zero_ == nullptr) Fail(StatusCode::kFailedPrecondition, "ZeRO: closed");
+    return *zero_;
+  }
+
+  std::unordered_map<std::string, std::pair<uint64_t, DType>> elements_;
+  std::unique_ptr<internal::zero::HostComm> comm_;
+  std::unique_ptr<internal::zero::ZeroOptimizer> zero_;  // destroyed before comm_
+};
+
 void DefineModule(nb::module_& m) {
   m.doc() = "zoffload's C++ engine (use zoffload and zoffload.torch).";
   MakeExceptions(m);
@@ -505,6 +630,39 @@ void DefineModule(nb::module_& m) {
                    "Device bytes the engine holds beyond the parameters.")
       .def_prop_ro("group_count", &Engine::group_count)
       .def_prop_ro("last_step", &Engine::last_step, "The last step's statistics.");
+  nb::class_<Zero>(m, "Zero",
+                   "One rank's ZeRO stage 1-3 optimizer over the host shared-memory backend: "
+                   "this rank's partition of the optimizer state (and at stage 3 of the "
+                   "parameters), gradients reduce-scattered, parameters all-gathered. Every "
+                   "rank makes the same calls in the same order.")
+      .def(nb::init<const std::string&, const std::vector<std::tuple<std::string, AnyArray, int>>&,
+                    const std::vector<nb::dict>&, const std::string&, int, int, double>(),
+           nb::arg("config_json"), nb::arg("params"), nb::arg("groups"), nb::arg("segment"),
+           nb::arg("rank"), nb::arg("world"), nb::arg("timeout_seconds") = 300.0,
+           "params: (name, cpu array, group index) each, one dtype for all; at stages 1-2 the "
+           "arrays are updated in place by step() and must stay alive, at stage 3 they are read "
+           "here only. segment: the shared-memory name, the same on every rank and unique per "
+           "run (rank 0 creates it). A rank that does not arrive within timeout_seconds makes "
+           "the others fail, naming it.")
+      .def("gradient_ready", &Zero::GradientReady, nb::arg("name"), nb::arg("grad"),
+           "This micro-batch's gradient of a parameter (collective at stages 2-3: buckets are "
+           "reduce-scattered as they fill).")
+      .def("step", &Zero::Step, "The optimizer step (collective); returns its statistics.")
+      .def("gather", &Zero::Gather, nb::arg("name"), nb::arg("out"),
+           "The parameter's current values into `out` (cpu, its size and dtype; collective).")
+      .def("master", &Zero::Master, nb::arg("name"),
+           "The parameter's fp32 master values (collective).")
+      .def("set_group", &Zero::SetGroup, nb::arg("index"), nb::arg("group"),
+           "Changes a group's lr, betas, eps or weight_decay from the next step on.")
+      .def("close", &Zero::Close, "Frees the optimizer's memory and the shared segment now.")
+      .def_prop_ro("stage", &Zero::stage)
+      .def_prop_ro("steps", &Zero::steps, "Optimizer steps taken (skipped ones not counted).")
+      .def_prop_ro("loss_scale", &Zero::loss_scale,
+                   "The fp16 loss scale to multiply the loss by (1 without fp16).")
+      .def_prop_ro("partition_elements", &Zero::partition_elements,
+                   "This rank's partition (padding included; the same on every rank).")
+      .def_prop_ro("owned_elements", &Zero::owned_elements,
+                   "The elements whose optimizer state this rank holds.");
 }
 
 }  // namespace

@@ -14,6 +14,14 @@ How it works:
    the new parameters, which the engine writes into the model's own tensors.
 3. Parameters on CUDA (bf16, fp16 or fp32) use the GPU path; parameters on the CPU (host-only
    mode, no GPU needed) are updated in place.
+4. ZeRO across ranks (``torch.distributed`` initialized with a world size > 1) and stage 3
+   partition the work (zero_optimization.stage): each rank keeps 1/N of the optimizer state
+   (stage 1), of the gradients (2) and of the parameters (3), over the host shared-memory
+   backend — CPU parameters for now (GPU parameters over NCCL are not supported yet). Stage 3
+   needs ``model=``: each module's parameters are gathered before its forward and its backward
+   and dropped after (a parameter must be used inside the module that holds it). The same
+   micro-batches give the same bits at every world size (world size N, one micro-batch each,
+   equals one process taking them as N accumulation steps).
 
 fp16: multiply the loss by ``loss_scale`` (or call ``backward(loss)``); overflowing steps are
 skipped and counted in ``skipped_steps``.
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import weakref
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -70,6 +79,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         betas: Optional[Tuple[float, float]] = None,
         eps: Optional[float] = None,
         weight_decay: Optional[float] = None,
+        model: Optional[torch.nn.Module] = None,
         **known: Any,
     ) -> None:
         if config is None:  # the optimizer in host memory, every other default
@@ -121,10 +131,26 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for gi, g in enumerate(self.param_groups):
             for t in g["params"]:
                 spec.append((self._names[id(t)], t.detach(), gi))
-        self._engine = _zoffload.Engine(
-            self._config_json, spec, [self._group_hyper(g) for g in self.param_groups]
-        )
-        self._sent = [self._group_hyper(g) for g in self.param_groups]
+        hypers = [self._group_hyper(g) for g in self.param_groups]
+        stage = cfg["zero_optimization"]["stage"]
+        world, rank = _world()
+        self._engine: Optional[_zoffload.Engine] = None
+        self._zero: Optional[_zoffload.Zero] = None
+        self._zero_hooks: List[Any] = []
+        if world > 1 or (stage == 3 and not self._cuda):
+            if stage == 3 and model is None:
+                raise _zoffload.InvalidArgument(
+                    "OffloadOptimizer: zero_optimization.stage 3 needs model= (its modules "
+                    "gather their parameters before use)"
+                )
+            self._zero = _zoffload.Zero(
+                self._config_json, spec, hypers, _segment_name(world, rank), rank, world
+            )
+            if stage == 3:
+                self._partition_parameters(model)
+        else:
+            self._engine = _zoffload.Engine(self._config_json, spec, hypers)
+        self._sent = hypers
         self._closed = False
         self._skipped = 0
         self._hooks = [
@@ -147,20 +173,71 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if grad is None or opt is None:
                 return
             opt._sync_groups()  # overlap "backward" updates with the groups as they are now
-            opt._engine.gradient_ready(name, grad.detach(), opt._stream())
+            if opt._zero is not None:
+                opt._zero.gradient_ready(name, grad.detach().contiguous())
+                if opt._zero.stage == 3:
+                    param.data = _empty_like(param)
+            else:
+                opt._engine.gradient_ready(name, grad.detach(), opt._stream())
             param.grad = None  # the engine has its copy
 
         return hook
 
+    def _partition_parameters(self, model: torch.nn.Module) -> None:
+        """Stage 3: the model keeps empty parameters; each module gathers its own (those
+        registered here) before its forward and its backward, and drops them after its forward
+        (after backward, as each gradient is handed over)."""
+        self._shapes: Dict[str, torch.Size] = {}
+        for g in self.param_groups:
+            for t in g["params"]:
+                self._shapes[self._names[id(t)]] = t.shape
+                t.data = _empty_like(t)
+        this = weakref.ref(self)
+        for module in model.modules():
+            own = [(self._names[id(p)], p) for p in module.parameters(recurse=False)
+                   if id(p) in self._names]
+            if not own:
+                continue
+
+            def gather(*_: Any, own=own) -> None:
+                opt = this()
+                if opt is not None:
+                    opt._gather(own)
+
+            def drop(*_: Any, own=own) -> None:  # backward gathers them again
+                for _, p in own:
+                    p.data = _empty_like(p)
+
+            self._zero_hooks += [
+                module.register_forward_pre_hook(gather),
+                module.register_forward_hook(drop),
+                module.register_full_backward_pre_hook(gather),
+            ]
+
+    def _gather(self, params: List[Tuple[str, torch.Tensor]]) -> None:
+        for name, p in params:
+            values = torch.empty(self._shapes[name], dtype=p.dtype)
+            self._zero.gather(name, values.view(-1))
+            p.data = values
+
     @property
     def engine(self) -> _zoffload.Engine:
-        """The C++ engine (read_state, host_bytes, ...)."""
+        """The C++ engine (read_state, host_bytes, ...); under ZeRO see ``zero``."""
+        if self._engine is None:
+            raise _zoffload.FailedPrecondition(
+                "OffloadOptimizer: this run uses ZeRO across ranks (see .zero), not the engine"
+            )
         return self._engine
+
+    @property
+    def zero(self) -> Optional[_zoffload.Zero]:
+        """The ZeRO optimizer of this rank, when the run partitions (else None)."""
+        return self._zero
 
     @property
     def loss_scale(self) -> float:
         """The fp16 loss scale to multiply the loss by (1 without fp16)."""
-        return self._engine.loss_scale
+        return (self._zero or self._engine).loss_scale
 
     @property
     def skipped_steps(self) -> int:
@@ -180,24 +257,29 @@ class OffloadOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._sync_groups()
-        stats = self._engine.step()
+        if self._zero is not None:
+            stats = self._zero.step()
+        else:
+            stats = self._engine.step()
+            self._engine.wait_parameters(self._stream())
         if stats["skipped"]:
             self._skipped += 1
-        self._engine.wait_parameters(self._stream())
+        self._last = stats
         return loss
 
     def flush(self) -> None:
         """With ``zoffload.overlap`` "delayed" the model holds the parameters of one step
         before the last; this waits for the update still running and puts the last step's
         parameters into the model (state_dict and close do it too). A no-op otherwise."""
-        self._engine.flush(self._stream())
-        self._engine.wait_parameters(self._stream())
+        if self._engine is not None:
+            self._engine.flush(self._stream())
+            self._engine.wait_parameters(self._stream())
 
     def _sync_groups(self) -> None:
         for i, g in enumerate(self.param_groups):
             hyper = self._group_hyper(g)
             if hyper != self._sent[i]:
-                self._engine.set_group(i, hyper)
+                (self._zero or self._engine).set_group(i, hyper)
                 self._sent[i] = hyper
 
     def _stream(self) -> int:
@@ -214,12 +296,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def stats(self) -> dict:
         """The last step's phase times, bytes moved, grad norm, loss scale and skip flag."""
+        if self._zero is not None:
+            return getattr(self, "_last", {})
         return self._engine.last_step
 
     def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
         """The optimizer's state: per parameter name its fp32 ``master``, ``exp_avg`` and
         ``exp_avg_sq`` (float32 for fp32 state, the raw bytes for bf16 and int8 state), the
         param groups (parameters by name) and the step count. CPU tensors."""
+        self._no_zero_checkpoints()
         self.flush()
         state = {}
         for name in self._ordered_names():
@@ -240,6 +325,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Restores ``state_dict()``'s output: the state of every parameter (the model's
         parameters are set to the masters, in their dtype), the groups' hyperparameters and the
         step count. The parameters must be the same names and sizes."""
+        self._no_zero_checkpoints()
         missing = [k for k in ("state", "param_groups", "steps") if k not in state_dict]
         if missing:
             raise _zoffload.InvalidArgument(f"load_state_dict: no {', '.join(missing)}")
@@ -275,6 +361,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         old checkpoint or the new one): every parameter's fp32 master and moments, the step
         count, the fp16 loss scale and the groups' hyperparameters. Between steps. The model's
         own weights and an LR scheduler's state are the caller's to save."""
+        self._no_zero_checkpoints()
         self.flush()
         self._engine.save(directory)
 
@@ -282,12 +369,20 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Restores ``save(directory)`` into this optimizer (same parameter names and sizes):
         the state, the step count, the loss scale and the groups' hyperparameters, and the
         model's parameters are set to the masters. The run continues bit-identically."""
+        self._no_zero_checkpoints()
         self._engine.load(directory)
         for i, g in enumerate(self.param_groups):
             saved = self._engine.group(i)
             g.update({k: (tuple(saved[k]) if k == "betas" else saved[k]) for k in _GROUP_KEYS})
             self._sent[i] = self._group_hyper(g)
         self._engine.wait_parameters(self._stream())
+
+    def _no_zero_checkpoints(self) -> None:
+        if self._zero is not None:
+            raise _zoffload.Unimplemented(
+                "OffloadOptimizer: checkpoints of a ZeRO run (partitioned state) are not "
+                "supported yet"
+            )
 
     def _ordered_names(self) -> List[str]:
         return [self._names[id(t)] for g in self.param_groups for t in g["params"]]
@@ -296,9 +391,30 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Removes the hooks and frees the engine's memory now."""
         if self._closed:
             return
-        for h in self._hooks:
+        for h in self._hooks + self._zero_hooks:
             h.remove()
-        self._hooks = []
+        self._hooks, self._zero_hooks = [], []
         self.flush()
-        self._engine.close()
+        (self._zero or self._engine).close()
         self._closed = True
+
+
+def _world() -> Tuple[int, int]:
+    """(world size, rank) of torch.distributed, or (1, 0) when it is not initialized."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _segment_name(world: int, rank: int) -> str:
+    """The shared-memory segment of this run: made by rank 0, sent to the others through
+    torch.distributed."""
+    name = [f"zoffload-{os.getpid()}-{secrets.token_hex(6)}" if rank == 0 else None]
+    if world > 1:
+        torch.distributed.broadcast_object_list(name, src=0)
+    return str(name[0])
+
+
+def _empty_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=t.dtype, device=t.device)

@@ -363,38 +363,32 @@ Result<EngineStepStats> ZeroOptimizer::Step() {
   return stats;
 }
 
-Result<void*> ZeroOptimizer::Fetch(std::string_view name) {
-  if (stage_ != 3) {
-    return FailedPreconditionError(StrCat("Fetch: '", name, "': at zero_optimization.stage ",
-                                          stage_, " every rank keeps every parameter whole"));
+Status ZeroOptimizer::SetGroup(int index, const ParamGroup& group) {
+  if (index < 0 || index >= group_count()) {
+    return OutOfRangeError(
+        StrCat("SetGroup: no parameter group ", index, " (there are ", group_count(), ")"));
   }
-  ZO_ASSIGN_OR_RETURN(Param * p, Find(name, "Fetch"));
-  if (fetched_.contains(name)) {
-    return FailedPreconditionError(
-        StrCat("Fetch: '", p->name, "' is fetched already; Release it first"));
-  }
-  const uint64_t element = bytes_per_element();
-  Fetched f;
-  f.values.resize(p->n * element);
-  std::vector<std::byte> bucket;
-  for (const auto& [b, s] : p->places) {
-    bucket.resize(plan_.buckets()[b].padded * element);
-    ZO_RETURN_IF_ERROR(GatherBucket(b, values_.data(), element, bucket.data())
-                           .WithContext(StrCat("Fetch: '", p->name, "'")));
-    std::memcpy(f.values.data() + s.first * element, bucket.data() + s.offset * element,
-                s.n * element);
-  }
-  auto [it, inserted] = fetched_.emplace(p->name, std::move(f));
-  return static_cast<void*>(it->second.values.data());
+  ZO_RETURN_IF_ERROR(CheckGroup(group, StrCat("SetGroup ", index)));
+  groups_[static_cast<size_t>(index)] = group;
+  return Status::Ok();
 }
 
-Status ZeroOptimizer::Release(std::string_view name) {
-  const auto it = fetched_.find(name);
-  if (it == fetched_.end()) {
-    return FailedPreconditionError(StrCat("Release: '", name, "' is not fetched"));
+Status ZeroOptimizer::GatherTensor(const Param& p, const std::byte* partition, uint64_t element,
+                                   void* out) {
+  std::vector<std::byte> bucket;
+  for (const auto& [b, s] : p.places) {
+    bucket.resize(plan_.buckets()[b].padded * element);
+    ZO_RETURN_IF_ERROR(GatherBucket(b, partition, element, bucket.data()));
+    std::memcpy(static_cast<std::byte*>(out) + s.first * element,
+                bucket.data() + s.offset * element, s.n * element);
   }
-  fetched_.erase(it);
   return Status::Ok();
+}
+
+Status ZeroOptimizer::GatherParameter(std::string_view name, void* out) {
+  ZO_ASSIGN_OR_RETURN(Param * p, Find(name, "GatherParameter"));
+  return GatherTensor(*p, values_.data(), bytes_per_element(), out)
+      .WithContext(StrCat("GatherParameter: '", p->name, "'"));
 }
 
 Status ZeroOptimizer::GatherMaster(std::string_view name, float* out) {
@@ -407,15 +401,8 @@ Status ZeroOptimizer::GatherMaster(std::string_view name, float* out) {
     ZO_RETURN_IF_ERROR(state_->Read(k, masters.data() + s.offset, m.data(), v.data())
                            .WithContext(StrCat("GatherMaster: '", p->name, "'")));
   }
-  std::vector<float> bucket;
-  for (const auto& [b, s] : p->places) {
-    bucket.resize(plan_.buckets()[b].padded);
-    ZO_RETURN_IF_ERROR(GatherBucket(b, reinterpret_cast<const std::byte*>(masters.data()), 4,
-                                    reinterpret_cast<std::byte*>(bucket.data()))
-                           .WithContext(StrCat("GatherMaster: '", p->name, "'")));
-    std::memcpy(out + s.first, bucket.data() + s.offset, 4 * s.n);
-  }
-  return Status::Ok();
+  return GatherTensor(*p, reinterpret_cast<const std::byte*>(masters.data()), 4, out)
+      .WithContext(StrCat("GatherMaster: '", p->name, "'"));
 }
 
 }  // namespace zoffload::internal::zero

@@ -11,9 +11,9 @@
 // - Stage 2: a bucket is reduce-scattered as soon as its last gradient of the micro-batch has
 //   arrived (during backward); a rank keeps fp32 sums of its partition only, and a bucket's
 //   buffer only until then.
-// - Stage 3: as stage 2, and a rank keeps only its partition of the parameters too. Fetch(name)
-//   all-gathers the buckets that hold a parameter and returns its values, which the optimizer
-//   owns until Release(name) (forward and backward pre-hooks fetch, post-hooks release).
+// - Stage 3: as stage 2, and a rank keeps only its partition of the parameters too:
+//   GatherParameter all-gathers the buckets that hold a parameter into the caller's memory
+//   (forward and backward pre-hooks gather, post-hooks drop it).
 // Step: the gradient norm is exact over every partition (ExactSquares, combined as integers),
 // hence the same at every world size; then inf/NaN skip (fp16 loss scale), clipping and the
 // update of this rank's partition, and at stages 1 and 2 the all-gather of the new values into
@@ -25,7 +25,7 @@
 // micro-batches per rank, stage 1 adds each rank's micro-batches first and stages 2 and 3 each
 // micro-batch's ranks first: the same sums in another order.)
 //
-// Collectives: every rank must make the same GradientReady, Step, Fetch, Release and
+// Collectives: every rank must make the same GradientReady, Step, GatherParameter and
 // GatherMaster calls in the same order (the same model, the same backward order). A rank that
 // dies makes the others' next collective fail within the communicator's timeout, naming it.
 //
@@ -86,13 +86,17 @@ class ZeroOptimizer {
   /// grad_norm, clip_coef, loss_scale, seconds, adam_seconds).
   Result<EngineStepStats> Step();
 
-  /// Stage 3: parameter `name`'s current values (elements of its dtype), valid until
-  /// Release(name). Fetching a parameter twice without a Release is an error.
-  Result<void*> Fetch(std::string_view name);
-  Status Release(std::string_view name);
-
+  /// Parameter `name`'s current values (elements of its dtype) into `out` (host memory),
+  /// gathered from the ranks that own them (collective). Stage 3 calls it before each use of a
+  /// parameter (the forward and backward pre-hooks); the caller owns `out` and drops it after.
+  Status GatherParameter(std::string_view name, void* out);
   /// Parameter `name`'s fp32 master values, gathered from the ranks that own them (collective).
   Status GatherMaster(std::string_view name, float* out);
+
+  /// Changes a group's hyperparameters from the next Step on (an LR schedule).
+  Status SetGroup(int index, const ParamGroup& group);
+  int group_count() const { return static_cast<int>(groups_.size()); }
+  const ParamGroup& group(int index) const { return groups_[static_cast<size_t>(index)]; }
 
   int stage() const { return stage_; }
   float loss_scale() const { return scaler_.scale(); }
@@ -112,14 +116,13 @@ class ZeroOptimizer {
     // Where its elements lie: spans of the plan's buckets, in element order.
     std::vector<std::pair<size_t, BucketPlan::Span>> places;  // (bucket, span)
   };
-  struct Fetched {
-    std::vector<std::byte> values;
-  };
   ZeroOptimizer(const Config& config, Communicator& comm) : config_(config), comm_(comm) {}
   Result<Param*> Find(std::string_view name, std::string_view call);
   uint64_t bytes_per_element() const;
   // Every rank's slices of bucket b of `partition` (bytes per element `element`) into `out`.
   Status GatherBucket(size_t b, const std::byte* partition, uint64_t element, std::byte* out);
+  // Parameter p's elements of `partition` (bytes per element `element`) from every rank.
+  Status GatherTensor(const Param& p, const std::byte* partition, uint64_t element, void* out);
   Status ReduceBucket(size_t b, int micro);
   Status AllGatherParameters();
 
@@ -152,7 +155,6 @@ class ZeroOptimizer {
   };
   std::map<size_t, Filling> filling_;
   std::vector<float> reduced_;  // a reduced slice before it is added (micro-batch > 0)
-  std::map<std::string, Fetched, std::less<>> fetched_;  // stage 3
 };
 
 }  // namespace zoffload::internal::zero

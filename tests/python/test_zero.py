@@ -1,0 +1,85 @@
+"""ZeRO stages 1-3 through zoffload.torch, as torchrun runs them: two real processes over
+torch.distributed (gloo, for the bootstrap) and zoffload's host shared-memory backend. Two ranks
+taking one micro-batch each end with the bits of one process (the OffloadEngine) taking both as
+accumulation steps: the same losses and parameters, at every stage; stage 3 keeps no parameter
+values in the model between uses."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import zoffload
+import zoffload.torch as zt
+
+WORKER = os.path.join(os.path.dirname(__file__), "zero_worker.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(out, stage, accumulation, world):
+    """Runs zero_worker.py as `world` ranks; returns each rank's saved record."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        procs.append(subprocess.Popen(
+            [sys.executable, WORKER, str(out), str(stage), str(accumulation)], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for rank, p in enumerate(procs):
+        output, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, f"rank {rank} of {world} (stage {stage}):\n{output}"
+    return [torch.load(f"{out}.rank{r}") for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def engine_runs(tmp_path_factory):
+    """The OffloadEngine in one process: accumulation 2 (and 1)."""
+    d = tmp_path_factory.mktemp("engine")
+    return {acc: launch(d / f"acc{acc}", 0, acc, 1)[0] for acc in (1, 2)}
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_two_ranks_give_the_bits_of_one_process(tmp_path, engine_runs, stage):
+    ranks = launch(tmp_path / "zero", stage, 1, 2)
+    want = engine_runs[2]
+    for name, values in want["params"].items():
+        for r in (0, 1):
+            assert torch.equal(ranks[r]["params"][name], values), (name, r)
+    for r in (0, 1):  # rank r took micro-batch r of every step
+        assert ranks[r]["losses"] == want["losses"][r::2]
+    assert want["losses"][-1] < want["losses"][0]
+
+
+def test_stage3_in_one_process_equals_the_engine(tmp_path, engine_runs):
+    got = launch(tmp_path / "zero3", 3, 1, 1)[0]
+    want = engine_runs[1]
+    assert got["losses"] == want["losses"]
+    for name, values in want["params"].items():
+        assert torch.equal(got["params"][name], values), name
+
+
+def test_stage3_needs_the_model():
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(zoffload.InvalidArgument, match="stage 3 needs model="):
+        zt.OffloadOptimizer(model.named_parameters(), config={
+            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})
+
+
+def test_zero_checkpoints_are_refused_clearly():
+    model = torch.nn.Linear(3, 2)
+    opt = zt.OffloadOptimizer(model.named_parameters(), model=model, config={
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})
+    with pytest.raises(zoffload.Unimplemented, match="checkpoints of a ZeRO run"):
+        opt.state_dict()
+    with pytest.raises(zoffload.FailedPrecondition, match="uses ZeRO"):
+        opt.engine
+    opt.close()

@@ -1,0 +1,70 @@
+"""One rank of a ZeRO run for test_zero.py, launched as torchrun would (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT): trains a small MLP and saves its losses and final parameters.
+
+    python zero_worker.py OUT STAGE ACCUMULATION   (STAGE 0: the engine, no ZeRO)
+"""
+
+import os
+import sys
+
+import torch
+
+import zoffload.torch as zt
+
+STEPS = 8
+
+
+def data(step: int, micro: int):
+    g = torch.Generator().manual_seed(1000 * step + micro)
+    x = torch.rand(6, 7, generator=g) * 2 - 1
+    return x, torch.sin(x.sum(dim=1, keepdim=True))
+
+
+def main() -> None:
+    out, stage, accumulation = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    torch.set_num_threads(1)  # the same sums in every process
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        torch.distributed.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(7, 13), torch.nn.Tanh(), torch.nn.Linear(13, 5), torch.nn.Tanh(),
+        torch.nn.Linear(5, 1))
+    config = {
+        "gradient_accumulation_steps": accumulation,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
+        "zero_optimization": {"stage": max(stage, 2), "reduce_bucket_size": 30,
+                              "offload_optimizer": {"device": "cpu"}},
+        "zoffload": {"cpu_adam_threads": 1},
+    }
+    if stage > 0:
+        config["zero_optimization"]["stage"] = stage
+    opt = zt.OffloadOptimizer(model.named_parameters(), config=config, model=model)
+    assert (opt.zero is not None) == (stage > 0), "ZeRO used where it should not be (or not)"
+    losses = []
+    for step in range(STEPS):
+        for a in range(accumulation):
+            x, y = data(step, rank * accumulation + a)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            losses.append(loss.item())
+        opt.step()
+        if stage == 3:  # between steps the model holds no parameter values
+            assert all(p.numel() == 0 for p in model.parameters())
+    params = {}
+    for name, p in model.named_parameters():
+        if stage == 3:
+            values = torch.empty(opt._shapes[name], dtype=p.dtype)
+            opt.zero.gather(name, values.view(-1))
+            params[name] = values
+        else:
+            params[name] = p.detach().clone()
+    torch.save({"losses": losses, "params": params}, f"{out}.rank{rank}")
+    opt.close()
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
