@@ -14,14 +14,17 @@ How it works:
    the new parameters, which the engine writes into the model's own tensors.
 3. Parameters on CUDA (bf16, fp16 or fp32) use the GPU path; parameters on the CPU (host-only
    mode, no GPU needed) are updated in place.
-4. ZeRO across ranks (``torch.distributed`` initialized with a world size > 1) and stage 3
-   partition the work (zero_optimization.stage): each rank keeps 1/N of the optimizer state
-   (stage 1), of the gradients (2) and of the parameters (3), over the host shared-memory
-   backend — CPU parameters for now (GPU parameters over NCCL are not supported yet). Stage 3
-   needs ``model=``: each module's parameters are gathered before its forward and its backward
-   and dropped after (a parameter must be used inside the module that holds it). The same
-   micro-batches give the same bits at every world size (world size N, one micro-batch each,
-   equals one process taking them as N accumulation steps).
+4. Stage 3 with offload_param "cpu" in one process (``model=`` given): the model holds empty
+   parameters; their values live in host memory (pinned), which the engine updates in place,
+   and each module copies its own to the device before its forward and its backward and drops
+   them after. So a model whose parameters exceed the GPU trains on it. A parameter must be
+   used inside the module that holds it (read one elsewhere with ``parameter_values``).
+5. ZeRO across ranks (``torch.distributed`` initialized with a world size > 1) partitions the
+   work (zero_optimization.stage): each rank keeps 1/N of the optimizer state (stage 1), of the
+   gradients (2) and of the parameters (3, fetched per module as above, collectively), over the
+   host shared-memory backend — CPU parameters for now (GPU parameters over NCCL are not
+   supported yet). The same micro-batches give the same bits at every world size (world size
+   N, one micro-batch each, equals one process taking them as N accumulation steps).
 
 fp16: multiply the loss by ``loss_scale`` (or call ``backward(loss)``); overflowing steps are
 skipped and counted in ``skipped_steps``.
@@ -127,29 +130,46 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     f"OffloadOptimizer: parameter '{name}' is on {t.device}, "
                     f"'{names[0][0]}' on {names[0][1].device}: all must be on cuda or all on cpu"
                 )
+        hypers = [self._group_hyper(g) for g in self.param_groups]
+        zc = cfg["zero_optimization"]
+        world, rank = _world()
+        # Stage 3 in one process with offload_param "cpu": the parameters' values live in host
+        # memory (pinned with a GPU), which the engine updates in place (its host mode); each
+        # module copies its own to the device before use.
+        offload = world == 1 and zc["stage"] == 3 and zc["offload_param"]["device"] == "cpu"
+        if (world > 1 or offload) and model is None:
+            raise _zoffload.InvalidArgument(
+                "OffloadOptimizer: zero_optimization.stage 3 with offload_param, or ZeRO across "
+                "ranks, needs model= (its modules fetch their parameters before use)"
+            )
+        if world == 1 and zc["offload_param"]["device"] == "nvme":
+            raise _zoffload.Unimplemented(
+                "OffloadOptimizer: zero_optimization.offload_param.device \"nvme\" is not "
+                "supported yet; use \"cpu\""
+            )
+        self._host_values: Dict[str, torch.Tensor] = {}
+        if offload:
+            for name, t in names:
+                values = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+                values.copy_(t.detach())
+                self._host_values[name] = values
         spec = []
         for gi, g in enumerate(self.param_groups):
             for t in g["params"]:
-                spec.append((self._names[id(t)], t.detach(), gi))
-        hypers = [self._group_hyper(g) for g in self.param_groups]
-        stage = cfg["zero_optimization"]["stage"]
-        world, rank = _world()
+                name = self._names[id(t)]
+                spec.append((name, self._host_values.get(name, t.detach()), gi))
         self._engine: Optional[_zoffload.Engine] = None
         self._zero: Optional[_zoffload.Zero] = None
-        self._zero_hooks: List[Any] = []
-        if world > 1 or (stage == 3 and not self._cuda):
-            if stage == 3 and model is None:
-                raise _zoffload.InvalidArgument(
-                    "OffloadOptimizer: zero_optimization.stage 3 needs model= (its modules "
-                    "gather their parameters before use)"
-                )
+        self._fetch_hooks: List[Any] = []
+        if world > 1:
             self._zero = _zoffload.Zero(
                 self._config_json, spec, hypers, _segment_name(world, rank), rank, world
             )
-            if stage == 3:
-                self._partition_parameters(model)
         else:
             self._engine = _zoffload.Engine(self._config_json, spec, hypers)
+        self._partitioned = offload or (world > 1 and zc["stage"] == 3)
+        if self._partitioned:
+            self._fetch_per_module(model)
         self._sent = hypers
         self._closed = False
         self._skipped = 0
@@ -175,19 +195,22 @@ class OffloadOptimizer(torch.optim.Optimizer):
             opt._sync_groups()  # overlap "backward" updates with the groups as they are now
             if opt._zero is not None:
                 opt._zero.gradient_ready(name, grad.detach().contiguous())
-                if opt._zero.stage == 3:
-                    param.data = _empty_like(param)
+            elif opt._host_values:  # the engine's host mode: the gradient goes to the host
+                opt._engine.gradient_ready(name, grad.detach().to("cpu"), 0)
             else:
                 opt._engine.gradient_ready(name, grad.detach(), opt._stream())
             param.grad = None  # the engine has its copy
+            if opt._partitioned:
+                param.data = _empty_like(param)
 
         return hook
 
-    def _partition_parameters(self, model: torch.nn.Module) -> None:
-        """Stage 3: the model keeps empty parameters; each module gathers its own (those
-        registered here) before its forward and its backward, and drops them after its forward
-        (after backward, as each gradient is handed over)."""
+    def _fetch_per_module(self, model: torch.nn.Module) -> None:
+        """Stage 3: the model keeps empty parameters; each module fetches its own (those
+        registered here) before its forward and its backward and drops them after its forward
+        (after backward, as each gradient is handed over). Under ZeRO a fetch is collective."""
         self._shapes: Dict[str, torch.Size] = {}
+        self._device = self.param_groups[0]["params"][0].device
         for g in self.param_groups:
             for t in g["params"]:
                 self._shapes[self._names[id(t)]] = t.shape
@@ -199,30 +222,49 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if not own:
                 continue
 
-            def gather(*_: Any, own=own) -> None:
+            def fetch(*_: Any, own=own) -> None:
                 opt = this()
                 if opt is not None:
-                    opt._gather(own)
+                    for name, p in own:
+                        p.data = opt._fetch(name, p.dtype)
 
-            def drop(*_: Any, own=own) -> None:  # backward gathers them again
+            def drop(*_: Any, own=own) -> None:  # backward fetches them again
                 for _, p in own:
                     p.data = _empty_like(p)
 
-            self._zero_hooks += [
-                module.register_forward_pre_hook(gather),
+            self._fetch_hooks += [
+                module.register_forward_pre_hook(fetch),
                 module.register_forward_hook(drop),
-                module.register_full_backward_pre_hook(gather),
+                module.register_full_backward_pre_hook(fetch),
             ]
 
-    def _gather(self, params: List[Tuple[str, torch.Tensor]]) -> None:
-        for name, p in params:
-            values = torch.empty(self._shapes[name], dtype=p.dtype)
+    def _fetch(self, name: str, dtype: torch.dtype) -> torch.Tensor:
+        """A parameter's current values on the model's device."""
+        if self._zero is not None:
+            values = torch.empty(self._shapes[name], dtype=dtype)
             self._zero.gather(name, values.view(-1))
-            p.data = values
+            return values
+        # Pinned host memory: an asynchronous copy on the current stream (the engine writes
+        # these values only in step(), which first waits for the copies).
+        return self._host_values[name].to(self._device, non_blocking=True)
+
+    def parameter_values(self, name: str) -> torch.Tensor:
+        """A parameter's current values (a copy, on the model's device): the way to read a
+        stage-3 parameter outside its module (collective under ZeRO)."""
+        if not self._partitioned:
+            t = next(t for g in self.param_groups for t in g["params"] if self._names[id(t)] == name)
+            return t.detach().clone()
+        if name not in self._shapes:
+            raise _zoffload.NotFound(f"OffloadOptimizer: no parameter '{name}'")
+        return self._fetch(name, self._dtype_of(name)).clone()
+
+    def _dtype_of(self, name: str) -> torch.dtype:
+        return next(t.dtype for g in self.param_groups for t in g["params"]
+                    if self._names[id(t)] == name)
 
     @property
     def engine(self) -> _zoffload.Engine:
-        """The C++ engine (read_state, host_bytes, ...); under ZeRO see ``zero``."""
+        """The C++ engine (read_state, host_bytes, ...); across ranks see ``zero``."""
         if self._engine is None:
             raise _zoffload.FailedPrecondition(
                 "OffloadOptimizer: this run uses ZeRO across ranks (see .zero), not the engine"
@@ -260,6 +302,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self._zero is not None:
             stats = self._zero.step()
         else:
+            if self._host_values and self._cuda:  # the fetches still reading the host values
+                torch.cuda.current_stream(self._device).synchronize()
             stats = self._engine.step()
             self._engine.wait_parameters(self._stream())
         if stats["skipped"]:
@@ -391,9 +435,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Removes the hooks and frees the engine's memory now."""
         if self._closed:
             return
-        for h in self._hooks + self._zero_hooks:
+        for h in self._hooks + self._fetch_hooks:
             h.remove()
-        self._hooks, self._zero_hooks = [], []
+        self._hooks, self._fetch_hooks = [], []
         self.flush()
         (self._zero or self._engine).close()
         self._closed = True

@@ -1,8 +1,9 @@
 """ZeRO stages 1-3 through zoffload.torch, as torchrun runs them: two real processes over
 torch.distributed (gloo, for the bootstrap) and zoffload's host shared-memory backend. Two ranks
 taking one micro-batch each end with the bits of one process (the OffloadEngine) taking both as
-accumulation steps: the same losses and parameters, at every stage; stage 3 keeps no parameter
-values in the model between uses."""
+accumulation steps: the same losses and parameters, at every stage. Stage 3 with offload_param
+in one process (parameters fetched per module from host memory) trains as the plain engine.
+Between uses, stage 3 keeps no parameter values in the model."""
 
 import os
 import socket
@@ -59,7 +60,7 @@ def test_two_ranks_give_the_bits_of_one_process(tmp_path, engine_runs, stage):
     assert want["losses"][-1] < want["losses"][0]
 
 
-def test_stage3_in_one_process_equals_the_engine(tmp_path, engine_runs):
+def test_parameter_offload_in_one_process_equals_the_engine(tmp_path, engine_runs):
     got = launch(tmp_path / "zero3", 3, 1, 1)[0]
     want = engine_runs[1]
     assert got["losses"] == want["losses"]
@@ -69,17 +70,31 @@ def test_stage3_in_one_process_equals_the_engine(tmp_path, engine_runs):
 
 def test_stage3_needs_the_model():
     model = torch.nn.Linear(3, 2)
-    with pytest.raises(zoffload.InvalidArgument, match="stage 3 needs model="):
+    with pytest.raises(zoffload.InvalidArgument, match="needs model="):
         zt.OffloadOptimizer(model.named_parameters(), config={
-            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})
+            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                  "offload_param": {"device": "cpu"}}})
+    with pytest.raises(zoffload.Unimplemented, match="offload_param.device \"nvme\""):
+        zt.OffloadOptimizer(model.named_parameters(), model=model, config={
+            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                  "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})
 
 
-def test_zero_checkpoints_are_refused_clearly():
-    model = torch.nn.Linear(3, 2)
+def test_parameter_offload_keeps_checkpoints_and_reads_values(tmp_path):
+    """Stage 3 in one process is the engine underneath: state_dict, save and load work, and
+    parameter_values reads a parameter the model holds empty."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = zt.OffloadOptimizer(model.named_parameters(), model=model, config={
-        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}})
-    with pytest.raises(zoffload.Unimplemented, match="checkpoints of a ZeRO run"):
-        opt.state_dict()
-    with pytest.raises(zoffload.FailedPrecondition, match="uses ZeRO"):
-        opt.engine
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                              "offload_param": {"device": "cpu"}}})
+    assert all(p.numel() == 0 for p in model.parameters())
+    assert torch.equal(opt.parameter_values("0.weight"), before["0.weight"])
+    model(torch.ones(5, 3)).sum().backward()
+    opt.step()
+    assert not torch.equal(opt.parameter_values("0.weight"), before["0.weight"])
+    state = opt.state_dict()
+    assert torch.equal(state["state"]["1.bias"]["master"], opt.parameter_values("1.bias"))
+    opt.save(tmp_path / "ckpt")
     opt.close()
