@@ -16,8 +16,10 @@ Systems (--systems, comma-separated; default: all):
                  no fp32 master (labelled so: not lossless)
   deepspeed_z2   DeepSpeed ZeRO-2 + offload_optimizer cpu (pin_memory, overlap_comm)
   deepspeed_z3   DeepSpeed ZeRO-3 + offload_param/offload_optimizer cpu, zero.Init
-  zoffload:OVERLAP:STATE[:tN]   e.g. zoffload:none:fp32, zoffload:delayed:bf16; tN: N CPU Adam
-                 threads (default: all cores, one fewer with overlap)
+  zoffload:OVERLAP:STATE[:tN][:params]   e.g. zoffload:none:fp32, zoffload:delayed:bf16; tN: N
+                 CPU Adam threads (default: all cores, one fewer with overlap); params: stage 3
+                 with offload_param cpu (the parameters in host memory, fetched per module:
+                 models bigger than the GPU)
 A system that fails (out of memory, killed, import error) is a result: its exit status and
 the last lines it printed are recorded.
 
@@ -182,7 +184,9 @@ def run_deepspeed(args, torch, stage):
 def run_zoffload(args, name):
     # With overlap the update shares the CPU with the loop that launches the GPU's work: one
     # core is left to it.
-    _, args.overlap, args.state, *threads = name.split(":")
+    _, args.overlap, args.state, *rest = name.split(":")
+    args.offload_param = "params" in rest
+    threads = [r for r in rest if r.startswith("t")]
     if threads:
         args.threads = int(threads[0].lstrip("t"))
     else:

@@ -5,6 +5,8 @@ master weights and Adam moments in host memory; bf16 weights on the GPU).
     python examples/finetune_7b.py --overlap delayed --state bf16
     python examples/finetune_7b.py --model PATH                   # real weights (transformers)
     python examples/finetune_7b.py --layers 16                    # 3.5B, the same shape otherwise
+    python examples/finetune_7b.py --layers 60 --state int8 --offload-param   # ~12.5B: the
+        # parameters stay in host memory and each layer is copied to the GPU when it runs
 
 The model: hidden 4096, intermediate 11008, 32 layers, 32 heads, vocab 32000 (Llama-2-7B's
 shape, 6.74B parameters), bf16, gradient checkpointing, batch 4 x 2048 tokens (one fixed batch
@@ -48,13 +50,18 @@ def parse_bytes(text):
 
 
 def build_model(args):
-    """The bf16 model on the GPU, built there directly (no fp32 copy anywhere)."""
+    """The bf16 model on the GPU, built there directly (no fp32 copy anywhere). Real weights
+    with --offload-param stay on the CPU: the optimizer takes them into host memory, then
+    run_zoffload moves the (empty) model to the GPU. (Random init is made on the GPU in every
+    case, so that every system starts from the same values.)"""
     import transformers
 
     torch.manual_seed(0)
     if args.model:
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            args.model, torch_dtype=torch.bfloat16).cuda()
+            args.model, torch_dtype=torch.bfloat16)
+        if not getattr(args, "offload_param", False):
+            model = model.cuda()
     else:
         config = transformers.LlamaConfig(
             hidden_size=4096, intermediate_size=11008, num_hidden_layers=args.layers,
@@ -145,12 +152,15 @@ def forward_backward(model, tokens, accumulation):
 
 
 def zoffload_config(args):
+    zero = {"stage": 2, "reduce_bucket_size": 50_000_000,
+            "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    if getattr(args, "offload_param", False):
+        zero.update(stage=3, offload_param={"device": "cpu", "pin_memory": True})
     return {
         "gradient_accumulation_steps": args.accumulation,
         "bf16": {"enabled": True},
         "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.0}},
-        "zero_optimization": {"stage": 2, "reduce_bucket_size": 50_000_000,
-                              "offload_optimizer": {"device": "cpu", "pin_memory": True}},
+        "zero_optimization": zero,
         "zoffload": {"overlap": args.overlap, "optimizer_state": args.state,
                      "delayed_warmup_steps": 1, "cpu_adam_threads": args.threads,
                      "trace_path": getattr(args, "trace", "")},
@@ -174,7 +184,10 @@ def run_zoffload(args, name=""):
 
     model = build_model(args)
     tokens = make_batch(args)
-    opt = zoffload.torch.OffloadOptimizer(model.named_parameters(), config=zoffload_config(args))
+    opt = zoffload.torch.OffloadOptimizer(model.named_parameters(), config=zoffload_config(args),
+                                          model=model)
+    model.cuda()  # its buffers; with --offload-param the parameters are empty until used
+    torch.cuda.empty_cache()  # with --offload-param the parameters have left the GPU
     cap_gpu(args, held_elsewhere=opt.engine.gpu_bytes)
 
     def step():
@@ -182,7 +195,9 @@ def run_zoffload(args, name=""):
         s = opt.stats()
         return {k: s[k] for k in ("adam_seconds", "wait_grads_seconds", "update_seconds")}
 
-    meter = measure(args, name or f"zoffload:{args.overlap}:{args.state}", model, tokens, step,
+    default_name = f"zoffload:{args.overlap}:{args.state}" + (
+        ":params" if getattr(args, "offload_param", False) else "")
+    meter = measure(args, name or default_name, model, tokens, step,
                     extra_gpu=opt.engine.gpu_bytes)
     opt.flush()
     meter.host_bytes = opt.engine.host_bytes
@@ -198,6 +213,9 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="CPU Adam threads (0: physical cores)")
     ap.add_argument("--trace", default="",
                     help="write the engine's timeline here (Perfetto; tools/trace_overlap.py)")
+    ap.add_argument("--offload-param", action="store_true",
+                    help="ZeRO stage 3 with offload_param cpu: the parameters live in host "
+                         "memory and each layer is copied to the GPU when it runs")
     args = ap.parse_args()
     meter = run_zoffload(args)
     meter.summary(host_bytes=meter.host_bytes)

@@ -187,6 +187,9 @@ struct ParseOptions {
   /// When set, receives the keys of UnusedConfigKeys() that the config sets (each is also
   /// logged once per process as a warning).
   std::vector<std::string>* unused_keys = nullptr;
+  /// Logs each unused key that the config sets (once per process); false for text that is
+  /// SerializeConfig's output (every key set, the user warned when it was first parsed).
+  bool warn_unused = true;
 };
 
 /// Parses and validates JSON text. On error the Status message lists every problem found,

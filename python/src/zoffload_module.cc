@@ -245,8 +245,12 @@ nb::dict StatsDict(const EngineStepStats& s) {
   return d;
 }
 
+// The engine's and ZeRO's config: parse_config's normalized text (every key written out, the
+// unused ones warned about when the user's config was parsed).
 Config ParseConfigText(const std::string& json) {
-  return Unwrap(ParseConfig(json), /*from_config=*/true);
+  ParseOptions options;
+  options.warn_unused = false;
+  return Unwrap(ParseConfig(json, options), /*from_config=*/true);
 }
 
 class Engine {
@@ -561,7 +565,9 @@ void DefineModule(nb::module_& m) {
 
   m.def(
       "parse_config",
-      [](const std::string& json) { return SerializeConfig(ParseConfigText(json)); },
+      [](const std::string& json) {
+        return SerializeConfig(Unwrap(ParseConfig(json), /*from_config=*/true));
+      },
       nb::arg("json"),
       "Parses and validates a config (JSON text); returns it normalized, every field filled.\n"
       "Raises ConfigError naming the JSON path at fault.");

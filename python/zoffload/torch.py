@@ -147,10 +147,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 "OffloadOptimizer: zero_optimization.offload_param.device \"nvme\" is not "
                 "supported yet; use \"cpu\""
             )
+        if offload and cfg["zoffload"]["overlap"] == "delayed":
+            raise _zoffload.InvalidArgument(
+                "OffloadOptimizer: zoffload.overlap \"delayed\" cannot be combined with "
+                "zero_optimization.offload_param (the update would write the values being fetched "
+                "for the next step); use \"none\" or \"backward\""
+            )
         self._host_values: Dict[str, torch.Tensor] = {}
         if offload:
+            pin = torch.cuda.is_available()
             for name, t in names:
-                values = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+                values = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
                 values.copy_(t.detach())
                 self._host_values[name] = values
         spec = []
@@ -196,7 +203,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if opt._zero is not None:
                 opt._zero.gradient_ready(name, grad.detach().contiguous())
             elif opt._host_values:  # the engine's host mode: the gradient goes to the host
-                opt._engine.gradient_ready(name, grad.detach().to("cpu"), 0)
+                host = torch.empty(grad.shape, dtype=grad.dtype, pin_memory=grad.is_cuda)
+                host.copy_(grad.detach())  # waits for it (and for the fetches before it)
+                opt._engine.gradient_ready(name, host, 0)
             else:
                 opt._engine.gradient_ready(name, grad.detach(), opt._stream())
             param.grad = None  # the engine has its copy
@@ -210,7 +219,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
         registered here) before its forward and its backward and drops them after its forward
         (after backward, as each gradient is handed over). Under ZeRO a fetch is collective."""
         self._shapes: Dict[str, torch.Size] = {}
-        self._device = self.param_groups[0]["params"][0].device
         for g in self.param_groups:
             for t in g["params"]:
                 self._shapes[self._names[id(t)]] = t.shape
@@ -226,7 +234,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 opt = this()
                 if opt is not None:
                     for name, p in own:
-                        p.data = opt._fetch(name, p.dtype)
+                        p.data = opt._fetch(name, p)
 
             def drop(*_: Any, own=own) -> None:  # backward fetches them again
                 for _, p in own:
@@ -238,29 +246,28 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 module.register_full_backward_pre_hook(fetch),
             ]
 
-    def _fetch(self, name: str, dtype: torch.dtype) -> torch.Tensor:
-        """A parameter's current values on the model's device."""
+    def _fetch(self, name: str, p: torch.Tensor) -> torch.Tensor:
+        """Parameter `name`'s current values, on the device of the (empty) parameter `p`: the
+        model may be moved (model.to) after the optimizer took its parameters."""
         if self._zero is not None:
-            values = torch.empty(self._shapes[name], dtype=dtype)
+            values = torch.empty(self._shapes[name], dtype=p.dtype)
             self._zero.gather(name, values.view(-1))
             return values
         # Pinned host memory: an asynchronous copy on the current stream (the engine writes
-        # these values only in step(), which first waits for the copies).
-        return self._host_values[name].to(self._device, non_blocking=True)
+        # these values only after the gradient's copy to the host, which follows it on the
+        # stream and waits, or in step(), which waits for every copy first).
+        return self._host_values[name].to(p.device, non_blocking=True)
 
     def parameter_values(self, name: str) -> torch.Tensor:
-        """A parameter's current values (a copy, on the model's device): the way to read a
+        """A parameter's current values (a copy, on the parameter's device): the way to read a
         stage-3 parameter outside its module (collective under ZeRO)."""
-        if not self._partitioned:
-            t = next(t for g in self.param_groups for t in g["params"] if self._names[id(t)] == name)
-            return t.detach().clone()
-        if name not in self._shapes:
+        p = next((t for g in self.param_groups for t in g["params"] if self._names[id(t)] == name),
+                 None)
+        if p is None:
             raise _zoffload.NotFound(f"OffloadOptimizer: no parameter '{name}'")
-        return self._fetch(name, self._dtype_of(name)).clone()
-
-    def _dtype_of(self, name: str) -> torch.dtype:
-        return next(t.dtype for g in self.param_groups for t in g["params"]
-                    if self._names[id(t)] == name)
+        if not self._partitioned:
+            return p.detach().clone()
+        return self._fetch(name, p).clone()
 
     @property
     def engine(self) -> _zoffload.Engine:
@@ -302,8 +309,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self._zero is not None:
             stats = self._zero.step()
         else:
-            if self._host_values and self._cuda:  # the fetches still reading the host values
-                torch.cuda.current_stream(self._device).synchronize()
+            if self._host_values and torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # the fetches still reading the host values
             stats = self._engine.step()
             self._engine.wait_parameters(self._stream())
         if stats["skipped"]:

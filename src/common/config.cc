@@ -827,6 +827,7 @@ Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& optio
     }
     if (node == nullptr) continue;
     if (options.unused_keys != nullptr) options.unused_keys->push_back(key);
+    if (!options.warn_unused) continue;
     internal::LogOnce(
         internal::LogLevel::kWarning, StrCat("unused config key ", key),
         StrCat(options.source, ": ", key,

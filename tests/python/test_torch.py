@@ -386,3 +386,22 @@ torch.save({{n: p.detach() for n, p in model.named_parameters()}}, {str(tmp_path
         opt.load(ckpt)
     assert all(torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
     opt.close()
+
+
+def test_only_the_users_own_unused_keys_are_warned_about():
+    """The engine parses the normalized config (every key written out) without warning again:
+    a default config prints nothing, a config that sets an unused key warns about it once."""
+    import subprocess
+    import sys
+
+    code = ("import torch, zoffload.torch as zt\n"
+            "zt.OffloadOptimizer(torch.nn.Linear(3, 2).named_parameters(), config=CONFIG)\n")
+    quiet = subprocess.run([sys.executable, "-c", code.replace("CONFIG", "None")],
+                           capture_output=True, text=True, check=True)
+    assert quiet.stderr == "", quiet.stderr
+    cfg = ('{"wall_clock_breakdown": True, "zero_optimization": {"stage": 2, '
+           '"offload_optimizer": {"device": "cpu"}}}')
+    warned = subprocess.run([sys.executable, "-c", code.replace("CONFIG", cfg)],
+                            capture_output=True, text=True, check=True)
+    lines = [l for l in warned.stderr.splitlines() if "warning" in l]
+    assert len(lines) == 1 and "wall_clock_breakdown" in lines[0], warned.stderr

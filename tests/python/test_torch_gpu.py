@@ -51,3 +51,43 @@ def test_bf16_on_cuda_matches_fp32_master_adamw_and_frees_every_gradient():
         assert abs(a - b) <= 1e-2 * abs(b), f"step {i}: {a} vs {b}\n{ours_losses}\n{ref_losses}"
     assert ours_losses[-1] < ours_losses[0]
     opt.close()
+
+
+def test_parameter_offload_on_cuda_trains_as_the_resident_engine():
+    """Stage 3 + offload_param cpu: the model's parameters are empty on the GPU between uses
+    and each module fetches its own from pinned host memory; the training is bit for bit the
+    engine's with the parameters resident."""
+    vocab, dim = 97, 48
+
+    def untied():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(
+            torch.nn.Embedding(vocab, dim), torch.nn.Linear(dim, dim), torch.nn.GELU(),
+            torch.nn.LayerNorm(dim), torch.nn.Linear(dim, vocab)).cuda().to(torch.bfloat16)
+
+    def lm_loss(model, tokens):
+        logits = model(tokens[:, :-1]).float()
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, vocab),
+                                                 tokens[:, 1:].reshape(-1))
+
+    data = [[t.cuda() for t in mb] for mb in batches(8)]
+    resident, offloaded = untied(), untied()
+    opt_r = zt.OffloadOptimizer(resident.named_parameters(), config(), lr=3e-3)
+    opt_o = zt.OffloadOptimizer(
+        offloaded.named_parameters(), lr=3e-3, model=offloaded,
+        config=config(zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                         "offload_param": {"device": "cpu"}}))
+    assert opt_r.engine.on_gpu and not opt_o.engine.on_gpu
+    for (tokens,) in data:
+        losses = []
+        for model, opt in ((resident, opt_r), (offloaded, opt_o)):
+            loss = lm_loss(model, tokens)
+            loss.backward()
+            losses.append(loss.item())
+            opt.step()
+        assert losses[0] == losses[1]
+        assert all(p.numel() == 0 and p.is_cuda for p in offloaded.parameters())
+    for name, p in resident.named_parameters():
+        assert torch.equal(opt_o.parameter_values(name), p.detach()), name
+    opt_r.close()
+    opt_o.close()
