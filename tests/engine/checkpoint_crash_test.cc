@@ -106,9 +106,12 @@ TEST(EngineCheckpoint, KilledAtRandomMomentsTheCheckpointIsThePreviousOrTheNewOn
   std::mt19937 rng(2026);
   int committed = 3;
   int in_step = 0, in_save = 0, took_new = 0, from_prev = 0;
-  constexpr int kCycles = 80;
-  for (int cycle = 0; cycle < kCycles; ++cycle) {
-    const char target = cycle % 2 == 0 ? 'T' : 'S';
+  // Kills until 25 have landed inside a step and 25 inside a save (a kill late in its window
+  // finds the next phase begun; more so on a loaded machine), at most 200.
+  constexpr int kWant = 25, kMaxCycles = 200;
+  int cycle = 0;
+  for (; cycle < kMaxCycles && (in_step < kWant || in_save < kWant); ++cycle) {
+    const char target = in_step < kWant && (cycle % 2 == 0 || in_save >= kWant) ? 'T' : 'S';
     SCOPED_TRACE(StrCat("cycle ", cycle, ", killed in ", target == 'T' ? "a step" : "a save"));
     Child child = Spawn(swap.path(), ckpt, 1 << 20);
     ASSERT_GT(child.pid, 0);
@@ -157,14 +160,12 @@ TEST(EngineCheckpoint, KilledAtRandomMomentsTheCheckpointIsThePreviousOrTheNewOn
     }
     EXPECT_LE(temporaries, 1);
   }
-  // Most kills land inside the phase aimed at (a late one finds the next phase begun).
-  EXPECT_GE(in_step + in_save, 50) << in_step << " in steps, " << in_save << " in saves";
-  EXPECT_GE(in_step, 20);
-  EXPECT_GE(in_save, 20);
+  EXPECT_GE(in_step, kWant) << "in " << cycle << " kills";
+  EXPECT_GE(in_save, kWant) << "in " << cycle << " kills";
   std::printf(
-      "killed %d times inside a step and %d inside a save; %d loads found the save in "
+      "killed %d times: %d inside a step and %d inside a save; %d loads found the save in "
       "progress complete, %d found only DIR.prev; reached step %d\n",
-      in_step, in_save, took_new, from_prev, reference_steps);
+      cycle, in_step, in_save, took_new, from_prev, reference_steps);
 }
 
 }  // namespace
