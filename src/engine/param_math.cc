@@ -8,30 +8,40 @@
 namespace zoffload::internal {
 namespace {
 
-float Widen(const void* src, DType dtype, uint64_t i) {
-  switch (dtype) {
-    case DType::kFp32:
-      return static_cast<const float*>(src)[i];
-    case DType::kBf16: {
-      const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(src)[i]) << 16;
-      float x;
-      std::memcpy(&x, &bits, 4);
-      return x;
-    }
-    case DType::kFp16:
-      break;
+// dst[i] = src[i] (add: +=) for i < n, `Widen` turning one source value into a float. One loop per
+// dtype and mode, with nothing to decide inside it, so that the compiler vectorizes it (a
+// switch per element ran at a third of the speed).
+template <typename T, typename WidenFn>
+void AccumulateAs(float* dst, const void* src, uint64_t n, bool add, WidenFn widen) {
+  const T* in = static_cast<const T*>(src);
+  const auto count = static_cast<int64_t>(n);
+  if (add) {
+#pragma omp parallel for schedule(static) if (n >= (uint64_t{1} << 20))
+    for (int64_t i = 0; i < count; ++i) dst[i] += widen(in[i]);
+  } else {
+#pragma omp parallel for schedule(static) if (n >= (uint64_t{1} << 20))
+    for (int64_t i = 0; i < count; ++i) dst[i] = widen(in[i]);
   }
-  return static_cast<float>(static_cast<const _Float16*>(src)[i]);
 }
 
 }  // namespace
 
 void Accumulate(float* dst, const void* src, DType dtype, uint64_t n, bool add) {
-  const auto count = static_cast<int64_t>(n);
-#pragma omp parallel for schedule(static) if (n >= (uint64_t{1} << 20))
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = Widen(src, dtype, static_cast<uint64_t>(i));
-    dst[i] = add ? dst[i] + g : g;
+  switch (dtype) {
+    case DType::kFp32:
+      AccumulateAs<float>(dst, src, n, add, [](float x) { return x; });
+      return;
+    case DType::kBf16:
+      AccumulateAs<uint16_t>(dst, src, n, add, [](uint16_t b) {
+        const uint32_t bits = static_cast<uint32_t>(b) << 16;
+        float x;
+        std::memcpy(&x, &bits, 4);
+        return x;
+      });
+      return;
+    case DType::kFp16:
+      AccumulateAs<_Float16>(dst, src, n, add, [](_Float16 h) { return static_cast<float>(h); });
+      return;
   }
 }
 
