@@ -46,6 +46,8 @@ from .config import ConfigSource, load_config
 ParamsArg = Union[Iterable[Tuple[str, torch.nn.Parameter]], Iterable[torch.Tensor], Iterable[dict]]
 
 _GROUP_KEYS = ("lr", "betas", "eps", "weight_decay")
+# Parameter offload on a GPU: gradient bytes in pinned host memory waiting to be handed over.
+_MAX_PENDING_BYTES = 1 << 30
 
 
 def _named(items: Iterable[Any], first: int) -> List[Tuple[str, torch.Tensor]]:
@@ -154,6 +156,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 "for the next step); use \"none\" or \"backward\""
             )
         self._host_values: Dict[str, torch.Tensor] = {}
+        self._pending: List[Tuple[str, torch.Tensor, Any]] = []  # gradients on their way
+        self._pending_bytes = 0
         if offload:
             pin = torch.cuda.is_available()
             for name, t in names:
@@ -203,9 +207,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if opt._zero is not None:
                 opt._zero.gradient_ready(name, grad.detach().contiguous())
             elif opt._host_values:  # the engine's host mode: the gradient goes to the host
-                host = torch.empty(grad.shape, dtype=grad.dtype, pin_memory=grad.is_cuda)
-                host.copy_(grad.detach())  # waits for it (and for the fetches before it)
-                opt._engine.gradient_ready(name, host, 0)
+                opt._to_host(name, grad.detach())
             else:
                 opt._engine.gradient_ready(name, grad.detach(), opt._stream())
             param.grad = None  # the engine has its copy
@@ -214,11 +216,42 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
         return hook
 
+    def _to_host(self, name: str, grad: torch.Tensor) -> None:
+        """Parameter offload: the gradient to pinned host memory, then to the engine. On a GPU
+        the copy is asynchronous and the gradient is handed over once it has landed (checked at
+        each later gradient, waited for when more than _MAX_PENDING_BYTES are on their way, and
+        in step()), so the host keeps the GPU fed meanwhile."""
+        if not grad.is_cuda:
+            self._engine.gradient_ready(name, grad, 0)
+            return
+        host = torch.empty(grad.shape, dtype=grad.dtype, pin_memory=True)
+        host.copy_(grad, non_blocking=True)
+        landed = torch.cuda.Event()
+        landed.record()
+        self._pending.append((name, host, landed))
+        self._pending_bytes += host.numel() * host.element_size()
+        self._hand_over(wait=self._pending_bytes > _MAX_PENDING_BYTES)
+
+    def _hand_over(self, wait: bool) -> None:
+        """Hands the landed gradients to the engine, in order; `wait`: all of them."""
+        while self._pending and (wait or self._pending[0][2].query()):
+            name, host, landed = self._pending.pop(0)
+            landed.synchronize()
+            self._engine.gradient_ready(name, host, 0)
+            self._pending_bytes -= host.numel() * host.element_size()
+
     def _fetch_per_module(self, model: torch.nn.Module) -> None:
         """Stage 3: the model keeps empty parameters; each module fetches its own (those
         registered here) before its forward and its backward and drops them after its forward
         (after backward, as each gradient is handed over). Under ZeRO a fetch is collective."""
         self._shapes: Dict[str, torch.Size] = {}
+        # GPU prefetch: the order of module fetches in the first step, the position in it,
+        # the copies started ahead (module -> (values, event)) and their stream.
+        self._order: List[Tuple[int, List[Tuple[str, torch.Tensor]]]] = []
+        self._recording = True
+        self._cursor = 0
+        self._prefetched: Dict[int, Tuple[List[torch.Tensor], Any]] = {}
+        self._copies: Optional[Any] = None
         for g in self.param_groups:
             for t in g["params"]:
                 self._shapes[self._names[id(t)]] = t.shape
@@ -230,11 +263,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if not own:
                 continue
 
-            def fetch(*_: Any, own=own) -> None:
+            def fetch(*_: Any, own=own, key=id(module)) -> None:
                 opt = this()
                 if opt is not None:
-                    for name, p in own:
-                        p.data = opt._fetch(name, p)
+                    opt._fetch_module(key, own)
 
             def drop(*_: Any, own=own) -> None:  # backward fetches them again
                 for _, p in own:
@@ -245,6 +277,45 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 module.register_forward_hook(drop),
                 module.register_full_backward_pre_hook(fetch),
             ]
+
+    def _fetch_module(self, key: int, own: List[Tuple[str, torch.Tensor]]) -> None:
+        """A module's parameters onto their device. On a GPU the modules' order of use is
+        recorded in the first step; from then on, each fetch also starts the next module's
+        copies on a side stream, so that they run under this module's compute."""
+        prefetched = self._prefetched.pop(key, None)
+        if prefetched is not None:
+            values, copied = prefetched
+            stream = torch.cuda.current_stream()
+            stream.wait_event(copied)
+            for (_, p), v in zip(own, values):
+                v.record_stream(stream)
+                p.data = v
+        else:
+            for name, p in own:
+                p.data = self._fetch(name, p)
+        if self._zero is not None or not own[0][1].is_cuda:
+            return
+        if self._recording:
+            self._order.append((key, own))
+            return
+        at = self._cursor
+        if at < len(self._order) and self._order[at][0] == key:
+            self._cursor += 1
+            if self._cursor < len(self._order):
+                self._prefetch(*self._order[self._cursor])
+        else:  # the model ran otherwise than in the first step: no prefetch this step
+            self._prefetched.clear()
+            self._cursor = len(self._order)
+
+    def _prefetch(self, key: int, own: List[Tuple[str, torch.Tensor]]) -> None:
+        if self._copies is None:
+            self._copies = torch.cuda.Stream(own[0][1].device)
+        self._copies.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self._copies):
+            values = [self._host_values[name].to(p.device, non_blocking=True) for name, p in own]
+            copied = torch.cuda.Event()
+            copied.record()
+        self._prefetched[key] = (values, copied)
 
     def _fetch(self, name: str, p: torch.Tensor) -> torch.Tensor:
         """Parameter `name`'s current values, on the device of the (empty) parameter `p`: the
@@ -309,8 +380,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self._zero is not None:
             stats = self._zero.step()
         else:
-            if self._host_values and torch.cuda.is_initialized():
-                torch.cuda.synchronize()  # the fetches still reading the host values
+            if self._host_values:
+                self._hand_over(wait=True)
+                if torch.cuda.is_initialized():
+                    torch.cuda.synchronize()  # the fetches still reading the host values
+                self._recording, self._cursor = False, 0
+                self._prefetched.clear()
             stats = self._engine.step()
             self._engine.wait_parameters(self._stream())
         if stats["skipped"]:
