@@ -17,8 +17,11 @@ How it works:
 4. Stage 3 with offload_param "cpu" in one process (``model=`` given): the model holds empty
    parameters; their values live in host memory (pinned), which the engine updates in place,
    and each module copies its own to the device before its forward and its backward and drops
-   them after. So a model whose parameters exceed the GPU trains on it. A parameter must be
-   used inside the module that holds it (read one elsewhere with ``parameter_values``).
+   them after; from the second step on a GPU, the next modules' copies (up to
+   stage3_prefetch_bucket_size elements) run on a side stream ahead of use. Parameters below
+   stage3_param_persistence_threshold elements stay on the device. So a model whose
+   parameters exceed the GPU trains on it. A parameter must be used inside the module that
+   holds it (read one elsewhere with ``parameter_values``).
 5. ZeRO across ranks (``torch.distributed`` initialized with a world size > 1) partitions the
    work (zero_optimization.stage): each rank keeps 1/N of the optimizer state (stage 1), of the
    gradients (2) and of the parameters (3, fetched per module as above, collectively), over the
@@ -156,6 +159,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 "for the next step); use \"none\" or \"backward\""
             )
         self._host_values: Dict[str, torch.Tensor] = {}
+        self._persistent: Dict[str, torch.Tensor] = {}  # stage 3: the ones kept on the device
         self._pending: List[Tuple[str, torch.Tensor, Any]] = []  # gradients on their way
         self._pending_bytes = 0
         if offload:
@@ -180,7 +184,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._engine = _zoffload.Engine(self._config_json, spec, hypers)
         self._partitioned = offload or (world > 1 and zc["stage"] == 3)
         if self._partitioned:
-            self._fetch_per_module(model)
+            self._fetch_per_module(model, zc)
         self._sent = hypers
         self._closed = False
         self._skipped = 0
@@ -211,7 +215,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             else:
                 opt._engine.gradient_ready(name, grad.detach(), opt._stream())
             param.grad = None  # the engine has its copy
-            if opt._partitioned:
+            if opt._partitioned and name not in opt._persistent:
                 param.data = _empty_like(param)
 
         return hook
@@ -240,7 +244,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._engine.gradient_ready(name, host, 0)
             self._pending_bytes -= host.numel() * host.element_size()
 
-    def _fetch_per_module(self, model: torch.nn.Module) -> None:
+    def _fetch_per_module(self, model: torch.nn.Module, zc: Dict[str, Any]) -> None:
         """Stage 3: the model keeps empty parameters; each module fetches its own (those
         registered here) before its forward and its backward and drops them after its forward
         (after backward, as each gradient is handed over). Under ZeRO a fetch is collective."""
@@ -249,17 +253,25 @@ class OffloadOptimizer(torch.optim.Optimizer):
         # the copies started ahead (module -> (values, event)) and their stream.
         self._order: List[Tuple[int, List[Tuple[str, torch.Tensor]]]] = []
         self._recording = True
-        self._cursor = 0
+        self._cursor = self._ahead = 0  # the next module to use, the next to prefetch
+        self._prefetch_elements = zc["stage3_prefetch_bucket_size"]
         self._prefetched: Dict[int, Tuple[List[torch.Tensor], Any]] = {}
         self._copies: Optional[Any] = None
+        # Parameters below stage3_param_persistence_threshold elements stay on the device (a
+        # copy per use would cost more than it saves); step() refreshes them.
+        threshold = zc["stage3_param_persistence_threshold"]
         for g in self.param_groups:
             for t in g["params"]:
-                self._shapes[self._names[id(t)]] = t.shape
-                t.data = _empty_like(t)
+                name = self._names[id(t)]
+                self._shapes[name] = t.shape
+                if t.numel() < threshold:
+                    self._persistent[name] = t
+                else:
+                    t.data = _empty_like(t)
         this = weakref.ref(self)
         for module in model.modules():
             own = [(self._names[id(p)], p) for p in module.parameters(recurse=False)
-                   if id(p) in self._names]
+                   if id(p) in self._names and self._names[id(p)] not in self._persistent]
             if not own:
                 continue
 
@@ -277,6 +289,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 module.register_forward_hook(drop),
                 module.register_full_backward_pre_hook(fetch),
             ]
+
+    def _refresh_persistent(self) -> None:
+        """Stage 3: the new values of the parameters that stay on the device."""
+        for name, p in self._persistent.items():
+            if self._zero is not None:
+                values = torch.empty(p.shape, dtype=p.dtype)
+                self._zero.gather(name, values.view(-1))
+                p.data.copy_(values)
+            else:
+                p.data.copy_(self._host_values[name], non_blocking=True)
 
     def _fetch_module(self, key: int, own: List[Tuple[str, torch.Tensor]]) -> None:
         """A module's parameters onto their device. On a GPU the modules' order of use is
@@ -299,13 +321,25 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._order.append((key, own))
             return
         at = self._cursor
-        if at < len(self._order) and self._order[at][0] == key:
-            self._cursor += 1
-            if self._cursor < len(self._order):
-                self._prefetch(*self._order[self._cursor])
-        else:  # the model ran otherwise than in the first step: no prefetch this step
+        if at >= len(self._order) or self._order[at][0] != key:
+            # The model ran otherwise than in the first step: no prefetch this step.
             self._prefetched.clear()
-            self._cursor = len(self._order)
+            self._cursor = self._ahead = len(self._order)
+            return
+        # The next modules' copies, up to stage3_prefetch_bucket_size elements in flight (at
+        # least the next module's).
+        self._cursor += 1
+        self._ahead = max(self._ahead, self._cursor)
+        in_flight = sum(v.numel() for values, _ in self._prefetched.values() for v in values)
+        while self._ahead < len(self._order):
+            next_key, next_own = self._order[self._ahead]
+            size = sum(self._host_values[name].numel() for name, _ in next_own)
+            if self._ahead > self._cursor and in_flight + size > self._prefetch_elements:
+                break
+            if next_key not in self._prefetched:  # (a module used twice: its first use)
+                self._prefetch(next_key, next_own)
+                in_flight += size
+            self._ahead += 1
 
     def _prefetch(self, key: int, own: List[Tuple[str, torch.Tensor]]) -> None:
         if self._copies is None:
@@ -336,7 +370,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                  None)
         if p is None:
             raise _zoffload.NotFound(f"OffloadOptimizer: no parameter '{name}'")
-        if not self._partitioned:
+        if not self._partitioned or name in self._persistent:
             return p.detach().clone()
         return self._fetch(name, p).clone()
 
@@ -384,10 +418,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 self._hand_over(wait=True)
                 if torch.cuda.is_initialized():
                     torch.cuda.synchronize()  # the fetches still reading the host values
-                self._recording, self._cursor = False, 0
+                self._recording, self._cursor, self._ahead = False, 0, 0
                 self._prefetched.clear()
             stats = self._engine.step()
             self._engine.wait_parameters(self._stream())
+        self._refresh_persistent()
         if stats["skipped"]:
             self._skipped += 1
         self._last = stats

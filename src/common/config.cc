@@ -875,8 +875,6 @@ std::vector<std::string> UnusedConfigKeys() {
           "zero_optimization.offload_param.buffer_count",
           "zero_optimization.offload_param.buffer_size",
           "zero_optimization.offload_param.max_in_cpu",
-          "zero_optimization.stage3_prefetch_bucket_size",
-          "zero_optimization.stage3_param_persistence_threshold",
           "zero_optimization.stage3_max_live_parameters",
           "zero_optimization.stage3_max_reuse_distance"};
 }

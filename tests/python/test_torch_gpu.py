@@ -55,8 +55,9 @@ def test_bf16_on_cuda_matches_fp32_master_adamw_and_frees_every_gradient():
 
 def test_parameter_offload_on_cuda_trains_as_the_resident_engine():
     """Stage 3 + offload_param cpu: the model's parameters are empty on the GPU between uses
-    and each module fetches its own from pinned host memory; the training is bit for bit the
-    engine's with the parameters resident."""
+    and each module fetches its own from pinned host memory (from the second step the next
+    modules' copies, up to 3000 elements, start ahead on a side stream); the small ones stay.
+    The training is bit for bit the engine's with the parameters resident."""
     vocab, dim = 97, 48
 
     def untied():
@@ -76,7 +77,9 @@ def test_parameter_offload_on_cuda_trains_as_the_resident_engine():
     opt_o = zt.OffloadOptimizer(
         offloaded.named_parameters(), lr=3e-3, model=offloaded,
         config=config(zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu"},
-                                         "offload_param": {"device": "cpu"}}))
+                                         "offload_param": {"device": "cpu"},
+                                         "stage3_param_persistence_threshold": 100,
+                                         "stage3_prefetch_bucket_size": 3000}))
     assert opt_r.engine.on_gpu and not opt_o.engine.on_gpu
     for (tokens,) in data:
         losses = []
@@ -86,7 +89,8 @@ def test_parameter_offload_on_cuda_trains_as_the_resident_engine():
             losses.append(loss.item())
             opt.step()
         assert losses[0] == losses[1]
-        assert all(p.numel() == 0 and p.is_cuda for p in offloaded.parameters())
+        for p in offloaded.parameters():  # the LayerNorm and biases (< 100) stay
+            assert p.is_cuda and (p.numel() == 0) == (p.dim() == 2), p.shape
     for name, p in resident.named_parameters():
         assert torch.equal(opt_o.parameter_values(name), p.detach()), name
     opt_r.close()

@@ -25,7 +25,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(out, stage, accumulation, world):
+def launch(out, stage, accumulation, world, persist=0):
     """Runs zero_worker.py as `world` ranks; returns each rank's saved record."""
     port = free_port()
     procs = []
@@ -33,7 +33,7 @@ def launch(out, stage, accumulation, world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port))
         procs.append(subprocess.Popen(
-            [sys.executable, WORKER, str(out), str(stage), str(accumulation)], env=env,
+            [sys.executable, WORKER, str(out), str(stage), str(accumulation), str(persist)], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for rank, p in enumerate(procs):
         output, _ = p.communicate(timeout=300)
@@ -48,9 +48,10 @@ def engine_runs(tmp_path_factory):
     return {acc: launch(d / f"acc{acc}", 0, acc, 1)[0] for acc in (1, 2)}
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_two_ranks_give_the_bits_of_one_process(tmp_path, engine_runs, stage):
-    ranks = launch(tmp_path / "zero", stage, 1, 2)
+@pytest.mark.parametrize("stage,persist", [(1, 0), (2, 0), (3, 0), (3, 20)])
+def test_two_ranks_give_the_bits_of_one_process(tmp_path, engine_runs, stage, persist):
+    """persist 20: the biases and the last weight (5 elements) stay on every rank."""
+    ranks = launch(tmp_path / "zero", stage, 1, 2, persist)
     want = engine_runs[2]
     for name, values in want["params"].items():
         for r in (0, 1):
@@ -60,8 +61,9 @@ def test_two_ranks_give_the_bits_of_one_process(tmp_path, engine_runs, stage):
     assert want["losses"][-1] < want["losses"][0]
 
 
-def test_parameter_offload_in_one_process_equals_the_engine(tmp_path, engine_runs):
-    got = launch(tmp_path / "zero3", 3, 1, 1)[0]
+@pytest.mark.parametrize("persist", [0, 20])
+def test_parameter_offload_in_one_process_equals_the_engine(tmp_path, engine_runs, persist):
+    got = launch(tmp_path / "zero3", 3, 1, 1, persist)[0]
     want = engine_runs[1]
     assert got["losses"] == want["losses"]
     for name, values in want["params"].items():
@@ -88,7 +90,8 @@ def test_parameter_offload_keeps_checkpoints_and_reads_values(tmp_path):
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     opt = zt.OffloadOptimizer(model.named_parameters(), model=model, config={
         "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
-                              "offload_param": {"device": "cpu"}}})
+                              "offload_param": {"device": "cpu"},
+                              "stage3_param_persistence_threshold": 0}})
     assert all(p.numel() == 0 for p in model.parameters())
     assert torch.equal(opt.parameter_values("0.weight"), before["0.weight"])
     model(torch.ones(5, 3)).sum().backward()

@@ -1,8 +1,9 @@
 """One rank of a ZeRO run for test_zero.py, launched as torchrun would (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT): trains a small MLP and saves its losses and final parameters.
 
-    python zero_worker.py OUT STAGE ACCUMULATION   (STAGE 0: stage 2 in one process, as
-                                                    the plain engine; stage 3 offloads params)
+    python zero_worker.py OUT STAGE ACCUMULATION [PERSIST]
+        STAGE 0: stage 2 in one process, the plain engine; stage 3 in one process offloads the
+        parameters. PERSIST: stage3_param_persistence_threshold (default 0: none stays).
 """
 
 import os
@@ -24,6 +25,7 @@ def data(step: int, micro: int):
 
 def main() -> None:
     out, stage, accumulation = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    persist = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     torch.set_num_threads(1)  # the same sums in every process
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -37,6 +39,7 @@ def main() -> None:
         "gradient_accumulation_steps": accumulation,
         "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
         "zero_optimization": {"stage": max(stage, 2), "reduce_bucket_size": 30,
+                              "stage3_param_persistence_threshold": persist,
                               "offload_optimizer": {"device": "cpu"}},
         "zoffload": {"cpu_adam_threads": 1},
     }
@@ -52,8 +55,10 @@ def main() -> None:
             loss.backward()
             losses.append(loss.item())
         opt.step()
-        if stage == 3:  # between steps the model holds no parameter values
-            assert all(p.numel() == 0 for p in model.parameters())
+        if stage == 3:  # between steps the model holds only the persistent parameters
+            for name, p in model.named_parameters():
+                small = opt.parameter_values(name).numel() < persist
+                assert (p.numel() > 0) == small, (name, p.numel())
     params = {name: opt.parameter_values(name) for name, _ in model.named_parameters()}
     if world > 1:  # partitioned state: no checkpoints yet, said clearly
         try:
