@@ -43,7 +43,8 @@ constexpr const char* kUsage =
     "  --world N      data-parallel ranks on this machine, one GPU each (memory per GPU, the\n"
     "                 machine's host memory; step times for one rank only)\n"
     "  --stage S      zero_optimization.stage 1, 2 (default) or 3; --offload-param: stage 3\n"
-    "                 with the parameters in host memory (memory only: not in zoffload yet)\n"
+    "                 with the parameters in host memory, fetched per module (zoffload.torch with\n"
+    "                 model=; memory only: not measured yet)\n"
     "  --bench-json   speeds: zoffload-bench adam/nvme/engine JSON, bench/finetune_7b.py JSON\n"
     "                 (its fwd_bwd system gives the GPU's forward+backward time)\n"
     "  --measure      measure CPU Adam (each state precision), the --nvme disks and PCIe (with\n"
@@ -296,6 +297,9 @@ int Main(int argc, char** argv) {
          {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
       for (double ratio : {0.0, 0.5, 1.0}) {
         if (ratio > 0 && (nvme.empty() || overlap != Overlap::kNone)) continue;
+        // The config refuses delayed with offload_param (the update would write the values
+        // being fetched).
+        if (overlap == Overlap::kDelayed && w.offload_param) continue;
         rows.push_back(row_of({overlap, state, ratio}));
       }
     }
@@ -381,7 +385,7 @@ int Main(int argc, char** argv) {
       const Estimate e = EstimateRun(model, infinity, least->e.candidate, *speeds);
       help = StrCat("; the bf16 parameters alone take ", Gib(least->e.gpu_params),
                     " GiB of GPU memory: with ZeRO-3 parameter offload (--stage 3 "
-                    "--offload-param; not in zoffload yet) it would take GPU ",
+                    "--offload-param; zoffload.torch with model=) it would take GPU ",
                     Gib(e.gpu_bytes), " GiB, host ", Gib(e.host_bytes), " GiB");
     } else if (least->e.gpu_bytes > gpu_mem) {
       help = "; less GPU memory: a smaller --batch or --seq, or gradient checkpointing";
@@ -405,13 +409,18 @@ int Main(int argc, char** argv) {
                 std::string(ToString(best.e.candidate.overlap)).c_str(),
                 std::string(ToString(best.e.candidate.state)).c_str(),
                 best.e.candidate.nvme_ratio > 0 ? ", on NVMe" : ", in host memory",
-                best.e.step_seconds > 0 ? ""
-                                        : " (its step time is unknown: --bench-json with a "
-                                          "zoffload-bench adam run for this state precision)",
+                best.e.step_seconds > 0 || w.world > 1 || w.stage == 3
+                    ? ""
+                    : " (its step time is unknown: --bench-json with a zoffload-bench adam run "
+                      "for this state precision)",
                 config.c_str());
     out["advice"] = nlohmann::ordered_json::parse(config);
-    if (w.world > 1 || w.stage == 3) {
-      std::printf("(memory only: ZeRO over NCCL and stage 3 are not in zoffload yet)\n");
+    if (w.world > 1) {
+      std::printf("(memory only: ZeRO across GPUs, over NCCL, is not in zoffload yet)\n");
+    } else if (w.stage == 3) {
+      std::printf(
+          "(memory only: stage 3 is not measured yet; its parameter offload runs "
+          "through zoffload.torch with model=)\n");
     }
     // Pinned buffers come from cudaHostAlloc; where the locked-memory limit applies to them,
     // pinning would fail above it.

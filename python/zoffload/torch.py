@@ -152,12 +152,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 "OffloadOptimizer: zero_optimization.offload_param.device \"nvme\" is not "
                 "supported yet; use \"cpu\""
             )
-        if offload and cfg["zoffload"]["overlap"] == "delayed":
-            raise _zoffload.InvalidArgument(
-                "OffloadOptimizer: zoffload.overlap \"delayed\" cannot be combined with "
-                "zero_optimization.offload_param (the update would write the values being fetched "
-                "for the next step); use \"none\" or \"backward\""
-            )
         self._host_values: Dict[str, torch.Tensor] = {}
         self._persistent: Dict[str, torch.Tensor] = {}  # stage 3: the ones kept on the device
         self._pending: List[Tuple[str, torch.Tensor, Any]] = []  # gradients on their way

@@ -670,6 +670,12 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
                   StrCat(mode,
                          " needs the optimizer state in host memory "
                          "(zero_optimization.offload_optimizer.device \"cpu\"), not nvme"));
+    check.Require(!(overlap == Overlap::kDelayed &&
+                    c.zero_optimization.offload_param.device != OffloadDevice::kNone),
+                  "zoffload.overlap",
+                  "\"delayed\" cannot be combined with zero_optimization.offload_param: the "
+                  "update would write the parameter values being fetched for the next step; use "
+                  "overlap \"none\" or \"backward\"");
   }
   check.NonNegative(c.zoffload.delayed_warmup_steps, "zoffload.delayed_warmup_steps");
 

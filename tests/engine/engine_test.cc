@@ -808,6 +808,9 @@ TEST(EngineOverlap, ImpossibleCombinationsAreConfigErrors) {
       {R"({"fp16": {"enabled": true}, "zoffload": {"overlap": "backward"}})", "fp16.enabled"},
       {"{" + base + R"("nvme", "nvme_path": "/tmp"}}, "zoffload": {"overlap": "backward"}})",
        "offload_optimizer.device"},
+      {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+           "offload_param": {"device": "cpu"}}, "zoffload": {"overlap": "delayed"}})",
+       "offload_param"},
       {R"({"zoffload": {"overlap": "sideways"}})", "sideways"},
       {R"({"zoffload": {"delayed_warmup_steps": -1}})", "delayed_warmup_steps"},
   };

@@ -122,7 +122,13 @@ TEST(PlanTest, StageAndWorldMemoryByHand) {
   s.adam(StatePrecision::kFp32) = 1;
   e = EstimateRun(m, w, fp32, s);
   EXPECT_EQ(e.step_seconds, 0.0);
-  EXPECT_NE(e.bound.find("not measured"), std::string::npos) << e.bound;
+  EXPECT_NE(e.bound.find("ZeRO across GPUs (NCCL) is not in zoffload yet"), std::string::npos)
+      << e.bound;
+  w.world = 1;
+  w.stage = 3;
+  e = EstimateRun(m, w, fp32, s);
+  EXPECT_EQ(e.step_seconds, 0.0);
+  EXPECT_NE(e.bound.find("stage 3 is not measured yet"), std::string::npos) << e.bound;
 }
 
 TEST(PlanTest, StepTimeByMode) {
@@ -278,7 +284,8 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
   r = testing::RunCommand(tool + " --model llama-70b --gpu-mem 24GiB --host-mem 1TiB 2>&1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("the bf16 parameters alone take 128.5 GiB of GPU memory: with ZeRO-3 "
-                          "parameter offload (--stage 3 --offload-param; not in zoffload yet) "
+                          "parameter offload (--stage 3 --offload-param; zoffload.torch with "
+                          "model=) "
                           "it would take GPU"),
             std::string::npos)
       << r.output;
@@ -288,9 +295,23 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("ZeRO stage 3 with offload_param cpu, 8 ranks"), std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("(memory only: ZeRO over NCCL and stage 3 are not in zoffload yet)"),
+  EXPECT_NE(r.output.find("(memory only: ZeRO across GPUs, over NCCL, is not in zoffload yet)"),
             std::string::npos)
       << r.output;
+  // One rank, stage 3 with offload_param (zoffload.torch's parameter offload): 13B on a 24 GiB
+  // GPU fits with int8 state; overlap delayed is no candidate (the config refuses it there).
+  r = testing::RunCommand(tool + " --model llama-13b --gpu-mem 24GiB --host-mem 125GiB " +
+                          "--stage 3 --offload-param --json " + dir.File("p13.json") + " 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(memory only: stage 3 is not measured yet; its parameter offload runs "
+                          "through zoffload.torch with model=)"),
+            std::string::npos)
+      << r.output;
+  const auto p13 = ReadJson(dir.File("p13.json"));
+  EXPECT_EQ(p13["candidates"].size(), 6u);
+  for (const auto& c : p13["candidates"]) EXPECT_NE(c["overlap"], "delayed") << c.dump();
+  EXPECT_EQ(p13["advice"]["zero_optimization"]["offload_param"]["device"], "cpu");
+  EXPECT_TRUE(ParseConfig(p13["advice"].dump()).ok()) << p13["advice"].dump();
   const auto z3 = ReadJson(dir.File("z3.json"));
   EXPECT_TRUE(ParseConfig(z3["advice"].dump()).ok()) << z3["advice"].dump();
   EXPECT_EQ(z3["advice"]["zero_optimization"]["stage"], 3);
