@@ -523,6 +523,26 @@ class Zero {
     return nb::ndarray<nb::numpy, float, nb::ndim<1>>(master, {n}, owner);
   }
 
+  void Save(const std::filesystem::path& dir) {
+    internal::zero::ZeroOptimizer& z = Live();
+    nb::gil_scoped_release release;
+    Check(z.Save(dir.string()));
+  }
+
+  void Load(const std::filesystem::path& dir) {
+    internal::zero::ZeroOptimizer& z = Live();
+    nb::gil_scoped_release release;
+    Check(z.Load(dir.string()));
+  }
+
+  nb::dict Group(int index) {
+    internal::zero::ZeroOptimizer& z = Live();
+    if (index < 0 || index >= z.group_count()) {
+      Fail(StatusCode::kOutOfRange, "ZeRO: no parameter group " + std::to_string(index));
+    }
+    return GroupDict(z.group(index));
+  }
+
   void SetGroup(int index, const nb::dict& group) {
     internal::zero::ZeroOptimizer& z = Live();
     if (index < 0 || index >= z.group_count()) {
@@ -660,6 +680,13 @@ void DefineModule(nb::module_& m) {
            "The parameter's fp32 master values (collective).")
       .def("set_group", &Zero::SetGroup, nb::arg("index"), nb::arg("group"),
            "Changes a group's lr, betas, eps or weight_decay from the next step on.")
+      .def("group", &Zero::Group, nb::arg("index"), "A group's hyperparameters.")
+      .def("save", &Zero::Save, nb::arg("dir"),
+           "Writes a checkpoint (collective; rank 0 writes Engine.save's format with whole "
+           "parameters, loadable at any world size and by the Engine). fp32 or bf16 state.")
+      .def("load", &Zero::Load, nb::arg("dir"),
+           "Restores a checkpoint saved at any world size, or by the Engine (collective; every "
+           "rank verifies every checksum before anything changes).")
       .def("close", &Zero::Close, "Frees the optimizer's memory and the shared segment now.")
       .def_prop_ro("stage", &Zero::stage)
       .def_prop_ro("steps", &Zero::steps, "Optimizer steps taken (skipped ones not counted).")

@@ -512,31 +512,34 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._engine.wait_parameters(self._stream())
 
     def save(self, directory: Union[str, os.PathLike]) -> None:
-        """The engine's checkpoint into ``directory`` (written atomically: a crash leaves the
+        """The optimizer's checkpoint into ``directory`` (written atomically: a crash leaves the
         old checkpoint or the new one): every parameter's fp32 master and moments, the step
         count, the fp16 loss scale and the groups' hyperparameters. Between steps. The model's
-        own weights and an LR scheduler's state are the caller's to save."""
-        self._no_zero_checkpoints()
+        own weights and an LR scheduler's state are the caller's to save. Under ZeRO every rank
+        calls it; rank 0 writes whole parameters, so the checkpoint loads at any world size
+        (fp32 or bf16 state)."""
         self.flush()
-        self._engine.save(directory)
+        (self._zero or self._engine).save(directory)
 
     def load(self, directory: Union[str, os.PathLike]) -> None:
         """Restores ``save(directory)`` into this optimizer (same parameter names and sizes):
         the state, the step count, the loss scale and the groups' hyperparameters, and the
         model's parameters are set to the masters. The run continues bit-identically."""
-        self._no_zero_checkpoints()
-        self._engine.load(directory)
+        backend = self._zero or self._engine
+        backend.load(directory)
         for i, g in enumerate(self.param_groups):
-            saved = self._engine.group(i)
+            saved = backend.group(i)
             g.update({k: (tuple(saved[k]) if k == "betas" else saved[k]) for k in _GROUP_KEYS})
             self._sent[i] = self._group_hyper(g)
-        self._engine.wait_parameters(self._stream())
+        if self._engine is not None:
+            self._engine.wait_parameters(self._stream())
+        self._refresh_persistent()
 
     def _no_zero_checkpoints(self) -> None:
         if self._zero is not None:
             raise _zoffload.Unimplemented(
-                "OffloadOptimizer: checkpoints of a ZeRO run (partitioned state) are not "
-                "supported yet"
+                "OffloadOptimizer: state_dict of a ZeRO run (partitioned state) is not supported "
+                "yet; save(dir) and load(dir) are"
             )
 
     def _ordered_names(self) -> List[str]:

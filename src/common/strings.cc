@@ -9,6 +9,15 @@
 
 namespace zoffload::internal {
 
+std::string FirstFew(const std::vector<std::string>& items, std::string_view separator) {
+  std::string list;
+  for (size_t k = 0; k < std::min<size_t>(items.size(), 5); ++k) {
+    list += StrCat(k ? separator : "", items[k]);
+  }
+  if (items.size() > 5) list += StrCat(separator, "...");
+  return list;
+}
+
 std::string HumanBytes(uint64_t bytes) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
   double v = static_cast<double>(bytes);

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace zoffload::internal {
 
@@ -22,6 +23,10 @@ std::string HumanBytes(uint64_t bytes);
 /// Parses "4GiB", "512M", "1k", "4096" (binary multiples: K/M/G/T with optional "i" and "B").
 /// Returns false on anything else or on overflow.
 bool ParseByteSize(std::string_view text, uint64_t* bytes);
+
+/// The first five of `items` joined by `separator`, then "..." when there are more: for errors
+/// that list what is wrong.
+std::string FirstFew(const std::vector<std::string>& items, std::string_view separator);
 
 /// Levenshtein distance between two short strings (for "did you mean" hints).
 size_t EditDistance(std::string_view a, std::string_view b);

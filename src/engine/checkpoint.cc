@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -250,6 +251,50 @@ Result<CheckpointMeta> ReadCheckpointMeta(const std::string& dir, std::string* f
   }
   *from = source;
   return meta;
+}
+
+Result<std::vector<const CheckpointEntry*>> MatchCheckpoint(
+    const CheckpointMeta& meta, const std::string& from, const std::vector<RegisteredParam>& params,
+    StatePrecision precision, size_t groups) {
+  const std::string want(ToString(precision));
+  if (meta.precision != want) {
+    return FailedPreconditionError(StrCat("Load ", from, ": the checkpoint holds ", meta.precision,
+                                          " optimizer state; here it is ", want,
+                                          " (zoffload.optimizer_state)"));
+  }
+  if (meta.groups.size() != groups) {
+    return FailedPreconditionError(StrCat("Load ", from, ": ", meta.groups.size(),
+                                          " parameter groups saved, ", groups, " here"));
+  }
+  std::map<std::string_view, size_t> index;
+  for (size_t i = 0; i < params.size(); ++i) index.emplace(params[i].name, i);
+  std::vector<std::string> problems;
+  std::vector<const CheckpointEntry*> saved(params.size(), nullptr);
+  for (const CheckpointEntry& c : meta.entries) {
+    auto it = index.find(c.name);
+    if (it == index.end()) {
+      problems.push_back(StrCat("'", c.name, "' is saved but not registered here"));
+      continue;
+    }
+    const RegisteredParam& p = params[it->second];
+    if (c.elements != p.elements || c.dtype != p.dtype ||
+        c.moment_bytes != AdamMomentBytes(precision, p.elements)) {
+      problems.push_back(StrCat("'", c.name, "' is saved with ", c.elements, " ", ToString(c.dtype),
+                                " elements, registered with ", p.elements, " ", ToString(p.dtype)));
+    }
+    saved[it->second] = &c;
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (saved[i] == nullptr) problems.push_back(StrCat("'", params[i].name, "' is not saved"));
+  }
+  if (!problems.empty()) {
+    return FailedPreconditionError(StrCat("Load ", from,
+                                          ": the checkpoint's parameters differ from the "
+                                          "registered ones (",
+                                          problems.size(),
+                                          " problems): ", FirstFew(problems, "; ")));
+  }
+  return saved;
 }
 
 Status ReadCheckpointEntry(const std::string& from, const CheckpointEntry& e, float* master,

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "zoffload/cpu_adam.h"
 #include "zoffload/dtype.h"
 #include "zoffload/engine.h"
 #include "zoffload/status.h"
@@ -58,6 +59,20 @@ Status WriteCheckpoint(const std::string& dir, CheckpointMeta meta, const ReadEn
 /// The manifest of the checkpoint in `dir` (or in DIR.prev, see above); `*from` is the
 /// directory read.
 Result<CheckpointMeta> ReadCheckpointMeta(const std::string& dir, std::string* from);
+
+/// A parameter as registered where a checkpoint is loaded.
+struct RegisteredParam {
+  std::string name;
+  uint64_t elements = 0;
+  DType dtype = DType::kBf16;
+};
+
+/// Checks that `meta` (read from `from`) holds `precision` state, `groups` parameter groups and
+/// exactly the registered parameters (names, elements, dtypes); returns each one's entry, in
+/// the order of `params`, or FAILED_PRECONDITION naming what differs (the first five).
+Result<std::vector<const CheckpointEntry*>> MatchCheckpoint(
+    const CheckpointMeta& meta, const std::string& from, const std::vector<RegisteredParam>& params,
+    StatePrecision precision, size_t groups);
 
 /// Entry `e`'s arrays from the checkpoint directory `from`, checked against its CRC32C.
 Status ReadCheckpointEntry(const std::string& from, const CheckpointEntry& e, float* master,

@@ -31,6 +31,7 @@ using internal::AlignedBuffer;
 using internal::CastFromFloat;
 using internal::CheckGroup;
 using internal::CopyFor;
+using internal::FirstFew;
 using internal::GroupHypers;
 using internal::HostMemory;
 using internal::OptimizerState;
@@ -45,17 +46,6 @@ using internal::Tracer;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The first five of `items` joined by `separator`, then "..." when there are more: for
-// errors that list what is wrong.
-std::string FirstFew(const std::vector<std::string>& items, std::string_view separator) {
-  std::string list;
-  for (size_t k = 0; k < std::min<size_t>(items.size(), 5); ++k) {
-    list += StrCat(k ? separator : "", items[k]);
-  }
-  if (items.size() > 5) list += StrCat(separator, "...");
-  return list;
-}
 
 constexpr const char* kEngineTrack = "engine";
 constexpr const char* kHandOverTrack = "gradients handed over";    // GradientReady calls
@@ -942,42 +932,12 @@ Status OffloadEngine::Load(const std::string& dir) {
   ZO_RETURN_IF_ERROR(e.BetweenSteps("Load"));
   std::string from;
   ZO_ASSIGN_OR_RETURN(internal::CheckpointMeta meta, internal::ReadCheckpointMeta(dir, &from));
-  const std::string precision(ToString(e.config.zoffload.optimizer_state));
-  if (meta.precision != precision) {
-    return FailedPreconditionError(StrCat("Load ", from, ": the checkpoint holds ", meta.precision,
-                                          " optimizer state; this engine's is ", precision,
-                                          " (zoffload.optimizer_state)"));
-  }
-  if (meta.groups.size() != e.groups.size()) {
-    return FailedPreconditionError(StrCat("Load ", from, ": ", meta.groups.size(),
-                                          " parameter groups saved, ", e.groups.size(), " here"));
-  }
-  std::vector<std::string> problems;
-  std::vector<const internal::CheckpointEntry*> saved(e.params.size(), nullptr);
-  for (const internal::CheckpointEntry& c : meta.entries) {
-    auto it = e.index.find(c.name);
-    if (it == e.index.end()) {
-      problems.push_back(StrCat("'", c.name, "' is saved but not registered here"));
-      continue;
-    }
-    const Impl::Param& p = e.params[it->second];
-    if (c.elements != p.n || c.dtype != p.dtype ||
-        c.moment_bytes != AdamMomentBytes(e.config.zoffload.optimizer_state, p.n)) {
-      problems.push_back(StrCat("'", c.name, "' is saved with ", c.elements, " ", ToString(c.dtype),
-                                " elements, registered with ", p.n, " ", ToString(p.dtype)));
-    }
-    saved[it->second] = &c;
-  }
-  for (size_t i = 0; i < e.params.size(); ++i) {
-    if (saved[i] == nullptr) problems.push_back(StrCat("'", e.params[i].name, "' is not saved"));
-  }
-  if (!problems.empty()) {
-    return FailedPreconditionError(StrCat("Load ", from,
-                                          ": the checkpoint's parameters differ from the "
-                                          "registered ones (",
-                                          problems.size(),
-                                          " problems): ", FirstFew(problems, "; ")));
-  }
+  std::vector<internal::RegisteredParam> registered;
+  for (const Impl::Param& p : e.params) registered.push_back({p.name, p.n, p.dtype});
+  ZO_ASSIGN_OR_RETURN(
+      std::vector<const internal::CheckpointEntry*> saved,
+      internal::MatchCheckpoint(meta, from, registered, e.config.zoffload.optimizer_state,
+                                e.groups.size()));
   uint64_t largest = 0;
   for (const auto* c : saved) largest = std::max(largest, c->bytes());
   ZO_ASSIGN_OR_RETURN(AlignedBuffer buffer, AlignedBuffer::Allocate(largest, 64));

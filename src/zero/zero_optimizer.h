@@ -93,6 +93,18 @@ class ZeroOptimizer {
   /// Parameter `name`'s fp32 master values, gathered from the ranks that own them (collective).
   Status GatherMaster(std::string_view name, float* out);
 
+  /// Writes a checkpoint into directory `dir` (collective; between steps): rank 0 writes the
+  /// OffloadEngine's format (docs/checkpoints.md) with every parameter's whole master and
+  /// moments, gathered one bucket at a time, so it loads at any world size and into an
+  /// OffloadEngine. fp32 and bf16 state (int8 moments' blocks follow the partition:
+  /// UNIMPLEMENTED). Every rank returns rank 0's outcome.
+  Status Save(const std::string& dir);
+  /// Restores a checkpoint (Save's, or an OffloadEngine's) for the same parameters and state
+  /// precision, saved at any world size (collective; `dir` readable by every rank). Every rank
+  /// verifies every checksum before anything changes anywhere; then each takes its partition
+  /// and (stages 1-2) every parameter's values.
+  Status Load(const std::string& dir);
+
   /// Changes a group's hyperparameters from the next Step on (an LR schedule).
   Status SetGroup(int index, const ParamGroup& group);
   int group_count() const { return static_cast<int>(groups_.size()); }
@@ -115,6 +127,9 @@ class ZeroOptimizer {
     int received = 0;  // gradients in this accumulation window
     // Where its elements lie: spans of the plan's buckets, in element order.
     std::vector<std::pair<size_t, BucketPlan::Span>> places;  // (bucket, span)
+    std::vector<size_t> owned;  // its spans of this rank's partition (indices into owned_)
+    DType dtype = DType::kBf16;
+    std::vector<uint64_t> shape;
   };
   ZeroOptimizer(const Config& config, Communicator& comm) : config_(config), comm_(comm) {}
   Result<Param*> Find(std::string_view name, std::string_view call);
@@ -124,6 +139,14 @@ class ZeroOptimizer {
   // Parameter p's elements of `partition` (bytes per element `element`) from every rank.
   Status GatherTensor(const Param& p, const std::byte* partition, uint64_t element, void* out);
   Status ReduceBucket(size_t b, int micro);
+  Status BetweenSteps(std::string_view what) const;
+  // Every rank's fp32 masters of bucket b into `master` (its padded elements) and, unless null,
+  // the moments into `m` and `v` (fp32 or bf16 state: per element).
+  Status GatherBucketState(size_t b, std::vector<float>& master, std::vector<std::byte>* m,
+                           std::vector<std::byte>* v);
+  // Whether every rank's `outcome` is OK: the first failure (by rank) otherwise, the same on
+  // every rank (collective).
+  Status Agree(const Status& outcome, std::string_view what);
   Status AllGatherParameters();
 
   Config config_;
@@ -140,6 +163,7 @@ class ZeroOptimizer {
   std::vector<uint64_t> bucket_offset_;  // bucket b's slice in a partition (elements)
   std::vector<uint64_t> full_offset_;    // stage 1: bucket b in the full gradient buffer
   std::vector<BucketPlan::Span> owned_;  // this rank's tensor elements, partition order
+  std::vector<std::vector<size_t>> owned_in_bucket_;  // indices into owned_, per bucket
   std::unique_ptr<RuntimeContext> own_context_;
   Runtime* rt_ = nullptr;
   std::unique_ptr<OptimizerState> state_;  // one tensor per owned span; null if none

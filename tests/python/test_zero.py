@@ -59,6 +59,17 @@ def test_two_ranks_give_the_bits_of_one_process(tmp_path, engine_runs, stage, pe
     for r in (0, 1):  # rank r took micro-batch r of every step
         assert ranks[r]["losses"] == want["losses"][r::2]
     assert want["losses"][-1] < want["losses"][0]
+    # The ranks' checkpoint loads into one process (the engine) with the same parameters.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(7, 13), torch.nn.Tanh(), torch.nn.Linear(13, 5), torch.nn.Tanh(),
+        torch.nn.Linear(5, 1))
+    one = zt.OffloadOptimizer(model.named_parameters(), config={
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}})
+    one.load(f"{tmp_path / 'zero'}.ckpt")
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), want["params"][name]), name
+    one.close()
 
 
 @pytest.mark.parametrize("persist", [0, 20])

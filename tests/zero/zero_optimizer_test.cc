@@ -114,6 +114,10 @@ struct RankRun {
   double clipping = 0.05;
   int die_at_step = -1;  // rank world - 1 exits after its first gradient of that step
   std::string out;       // the record's file
+  // Checkpoints: load this first (and train steps first_step ...), save this at the end.
+  std::string load, save;
+  int first_step = 0, steps = kSteps;
+  bool damaged = false;  // `load` is damaged: Load must fail on every rank and change nothing
 };
 
 std::string ConfigJson(const RankRun& run) {
@@ -201,9 +205,30 @@ int Train(const RankRun& run, int rank) {
   if (!zero.ok()) return fail(12, zero.status());
   ZeroOptimizer& z = **zero;
   const int stage = run.stage, accumulation = run.accumulation;
+  auto masters = [&](std::vector<float>* all) {
+    all->clear();
+    for (int t = 0; t < 4; ++t) {
+      std::vector<float> master(kSizes[t]);
+      ZO_RETURN_IF_ERROR(z.GatherMaster(kNames[t], master.data()));
+      all->insert(all->end(), master.begin(), master.end());
+    }
+    return Status::Ok();
+  };
+  if (!run.load.empty()) {
+    std::vector<float> before, after;
+    if (Status s = masters(&before); !s.ok()) return fail(19, s);
+    const Status loaded = z.Load(run.load);
+    if (run.damaged) {  // refused on every rank, nothing changed
+      if (loaded.ok()) return 20;
+      if (Status s = masters(&after); !s.ok()) return fail(21, s);
+      std::ofstream(StrCat(run.out, ".error", rank)) << loaded.ToString();
+      return after == before ? 0 : 22;
+    }
+    if (!loaded.ok()) return fail(23, loaded);
+  }
   Mlp model{dtype, std::vector<std::vector<float>>(4)};
   Record record;
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = run.first_step; step < run.first_step + run.steps; ++step) {
     for (int a = 0; a < accumulation; ++a) {
       for (int t = 0; t < 4; ++t) {
         if (stage == 3) {
@@ -240,6 +265,9 @@ int Train(const RankRun& run, int rank) {
     const Status s = z.GatherMaster(kNames[t], master.data());
     if (!s.ok()) return fail(18, s);
     record.masters.insert(record.masters.end(), master.begin(), master.end());
+  }
+  if (!run.save.empty()) {
+    if (Status s = z.Save(run.save); !s.ok()) return fail(24, s);
   }
   WriteRecord(StrCat(run.out, ".rank", rank),
               Record{record.losses, record.norms, record.clips, {}, {}});
@@ -407,6 +435,112 @@ TEST(ZeroOptimizerTest, WorldSizeOneEqualsTheEngine) {
     EXPECT_TRUE(have.values == want.values) << "stage " << stage;
     EXPECT_TRUE(have.masters == want.masters) << "stage " << stage;
   }
+}
+
+// Save at world size 2 after 10 steps, load, train 10 more: the bits of 20 steps straight, at
+// every stage. The checkpoint is the OffloadEngine's format with whole parameters: world size 3
+// and an OffloadEngine load it with the same masters, and world size 1 (accumulation 2) saves
+// the same state.bin. A damaged copy is refused on every rank, changing nothing.
+TEST(ZeroOptimizerTest, CheckpointsResumeBitIdenticallyAtAnyWorldSize) {
+  TempDir dir;
+  auto file = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (int stage : {1, 2, 3}) {
+    SCOPED_TRACE(StrCat("stage ", stage));
+    const std::string tag = StrCat("s", stage);
+    RankRun straight;
+    straight.segment = SegmentName(tag + "straight");
+    straight.world = 2;
+    straight.stage = stage;
+    straight.dtype = DType::kBf16;
+    straight.state = "bf16";
+    straight.out = dir.File(tag + "straight");
+    RankRun first = straight;
+    first.segment = SegmentName(tag + "first");
+    first.steps = kSteps / 2;
+    first.save = dir.File(tag + "ckpt");
+    first.out = dir.File(tag + "first");
+    RankRun second = straight;
+    second.segment = SegmentName(tag + "second");
+    second.load = first.save;
+    second.first_step = kSteps / 2;
+    second.steps = kSteps - kSteps / 2;
+    second.out = dir.File(tag + "second");
+    for (const RankRun* run : {&straight, &first, &second}) {
+      ASSERT_EQ(RunRanks(2, [&](int r) { return Train(*run, r); }), (std::vector<int>{0, 0}));
+    }
+    const Record want = ReadRecord(straight.out), got = ReadRecord(second.out);
+    EXPECT_TRUE(got.values == want.values);
+    EXPECT_TRUE(got.masters == want.masters);
+    EXPECT_EQ(got.norms, std::vector<double>(want.norms.begin() + kSteps / 2, want.norms.end()));
+    // World size 3 loads it: the masters and values saved.
+    RankRun three = first;
+    three.segment = SegmentName(tag + "three");
+    three.world = 3;
+    three.load = first.save;
+    three.save.clear();
+    three.steps = 0;
+    three.out = dir.File(tag + "three");
+    ASSERT_EQ(RunRanks(3, [&](int r) { return Train(three, r); }), (std::vector<int>{0, 0, 0}));
+    const Record saved = ReadRecord(first.out), loaded = ReadRecord(three.out);
+    EXPECT_TRUE(loaded.masters == saved.masters);
+    EXPECT_TRUE(loaded.values == saved.values);
+    // World size 1 with accumulation 2 saves the same state.
+    RankRun one = first;
+    one.segment = SegmentName(tag + "one");
+    one.world = 1;
+    one.accumulation = 2;
+    one.save = dir.File(tag + "ckpt1");
+    one.out = dir.File(tag + "one");
+    ASSERT_EQ(RunRanks(1, [&](int r) { return Train(one, r); }), std::vector<int>{0});
+    EXPECT_EQ(file(one.save + "/state.bin"), file(first.save + "/state.bin"));
+    // A damaged copy: refused by every rank, which keep their state.
+    const std::string damaged = dir.File(tag + "damaged");
+    std::filesystem::copy(first.save, damaged);
+    {
+      std::fstream f(damaged + "/state.bin", std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(100);
+      f.put('\x5a');
+    }
+    RankRun bad = three;
+    bad.segment = SegmentName(tag + "bad");
+    bad.world = 2;
+    bad.load = damaged;
+    bad.damaged = true;
+    bad.out = dir.File(tag + "bad");
+    ASSERT_EQ(RunRanks(2, [&](int r) { return Train(bad, r); }), (std::vector<int>{0, 0}));
+    for (int r = 0; r < 2; ++r) {
+      const std::string error = file(StrCat(bad.out, ".error", r));
+      EXPECT_NE(error.find("DATA_LOSS"), std::string::npos) << error;
+    }
+  }
+  // The OffloadEngine loads a ZeRO checkpoint.
+  const std::vector<int> code = RunRanks(1, [&](int) {
+    RankRun run;
+    run.dtype = DType::kBf16;
+    run.state = "bf16";
+    auto config = ParseConfig(ConfigJson(run));
+    if (!config.ok()) return 1;
+    std::vector<std::vector<std::byte>> values = InitialValues(run.dtype);
+    std::vector<ParameterSpec> specs;
+    for (int t = 0; t < 4; ++t)
+      specs.push_back({kNames[t], values[t].data(), kSizes[t], run.dtype});
+    EngineOptions eo;
+    eo.host_params = true;
+    auto engine = OffloadEngine::Create(*config, specs, eo);
+    if (!engine.ok() || !(*engine)->Load(dir.File("s2ckpt")).ok()) return 2;
+    std::vector<float> all;
+    for (int t = 0; t < 4; ++t) {
+      std::vector<float> master(kSizes[t]);
+      std::vector<std::byte> m(AdamMomentBytes(StatePrecision::kBf16, kSizes[t])), v(m.size());
+      if (!(*engine)->ReadState(kNames[t], master.data(), m.data(), v.data()).ok()) return 3;
+      all.insert(all.end(), master.begin(), master.end());
+    }
+    return all == ReadRecord(dir.File("s2first")).masters ? 0 : 4;
+  });
+  EXPECT_EQ(code, std::vector<int>{0});
 }
 
 // Bad calls and configs get errors that name what is wrong; nothing is updated by them.
