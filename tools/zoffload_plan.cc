@@ -416,7 +416,9 @@ int Main(int argc, char** argv) {
                 config.c_str());
     out["advice"] = nlohmann::ordered_json::parse(config);
     if (w.world > 1) {
-      std::printf("(memory only: ZeRO across GPUs, over NCCL, is not in zoffload yet)\n");
+      std::printf(
+          "(memory only: ZeRO across ranks is not measured yet; its ranks communicate "
+          "through host memory, not NCCL)\n");
     } else if (w.stage == 3) {
       std::printf(
           "(memory only: stage 3 is not measured yet; its parameter offload runs "

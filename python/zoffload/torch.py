@@ -25,9 +25,10 @@ How it works:
 5. ZeRO across ranks (``torch.distributed`` initialized with a world size > 1) partitions the
    work (zero_optimization.stage): each rank keeps 1/N of the optimizer state (stage 1), of the
    gradients (2) and of the parameters (3, fetched per module as above, collectively), over the
-   host shared-memory backend — CPU parameters for now (GPU parameters over NCCL are not
-   supported yet). The same micro-batches give the same bits at every world size (world size
-   N, one micro-batch each, equals one process taking them as N accumulation steps).
+   host shared-memory backend (ranks on one machine). GPU parameters communicate through host
+   memory: gradients go down as they are made and new values come up after the step (NCCL is
+   not used yet). The same micro-batches give the same bits at every world size (world size N,
+   one micro-batch each, equals one process taking them as N accumulation steps).
 
 fp16: multiply the loss by ``loss_scale`` (or call ``backward(loss)``); overflowing steps are
 skipped and counted in ``skipped_steps``.
@@ -152,11 +153,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 "OffloadOptimizer: zero_optimization.offload_param.device \"nvme\" is not "
                 "supported yet; use \"cpu\""
             )
-        self._host_values: Dict[str, torch.Tensor] = {}
+        # ZeRO across ranks with GPU parameters: the ranks communicate in host memory, so the
+        # gradients go there, and (stages 1-2) each rank's parameters are uploaded from there
+        # after every step.
+        self._host_grads = offload or (world > 1 and self._cuda)
+        self._upload = world > 1 and self._cuda and zc["stage"] < 3
+        self._host_values: Dict[str, torch.Tensor] = {}  # the values the optimizer writes
         self._persistent: Dict[str, torch.Tensor] = {}  # stage 3: the ones kept on the device
         self._pending: List[Tuple[str, torch.Tensor, Any]] = []  # gradients on their way
         self._pending_bytes = 0
-        if offload:
+        if self._host_grads:
             pin = torch.cuda.is_available()
             for name, t in names:
                 values = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
@@ -174,6 +180,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._zero = _zoffload.Zero(
                 self._config_json, spec, hypers, _segment_name(world, rank), rank, world
             )
+            if zc["stage"] == 3:  # read at creation only: the partitions hold them now
+                self._host_values = {}
         else:
             self._engine = _zoffload.Engine(self._config_json, spec, hypers)
         self._partitioned = offload or (world > 1 and zc["stage"] == 3)
@@ -202,10 +210,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if grad is None or opt is None:
                 return
             opt._sync_groups()  # overlap "backward" updates with the groups as they are now
-            if opt._zero is not None:
-                opt._zero.gradient_ready(name, grad.detach().contiguous())
-            elif opt._host_values:  # the engine's host mode: the gradient goes to the host
+            if opt._host_grads:  # the engine's host mode, or ZeRO with GPU parameters
                 opt._to_host(name, grad.detach())
+            elif opt._zero is not None:
+                opt._zero.gradient_ready(name, grad.detach().contiguous())
             else:
                 opt._engine.gradient_ready(name, grad.detach(), opt._stream())
             param.grad = None  # the engine has its copy
@@ -215,12 +223,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
         return hook
 
     def _to_host(self, name: str, grad: torch.Tensor) -> None:
-        """Parameter offload: the gradient to pinned host memory, then to the engine. On a GPU
+        """The gradient to pinned host memory, then to the engine (host mode) or ZeRO. On a GPU
         the copy is asynchronous and the gradient is handed over once it has landed (checked at
         each later gradient, waited for when more than _MAX_PENDING_BYTES are on their way, and
-        in step()), so the host keeps the GPU fed meanwhile."""
+        in step()), so the host keeps the GPU fed meanwhile. (Under ZeRO the hand-overs are
+        collective: every rank makes them in the same order, whenever its copies land.)"""
         if not grad.is_cuda:
-            self._engine.gradient_ready(name, grad, 0)
+            self._hand(name, grad.contiguous())
             return
         host = torch.empty(grad.shape, dtype=grad.dtype, pin_memory=True)
         host.copy_(grad, non_blocking=True)
@@ -235,8 +244,20 @@ class OffloadOptimizer(torch.optim.Optimizer):
         while self._pending and (wait or self._pending[0][2].query()):
             name, host, landed = self._pending.pop(0)
             landed.synchronize()
-            self._engine.gradient_ready(name, host, 0)
+            self._hand(name, host)
             self._pending_bytes -= host.numel() * host.element_size()
+
+    def _hand(self, name: str, host: torch.Tensor) -> None:
+        if self._zero is not None:
+            self._zero.gradient_ready(name, host)
+        else:
+            self._engine.gradient_ready(name, host, 0)
+
+    def _upload_values(self) -> None:
+        """ZeRO stages 1-2 with GPU parameters: the step's new values into the model."""
+        for g in self.param_groups:
+            for t in g["params"]:
+                t.data.copy_(self._host_values[self._names[id(t)]], non_blocking=True)
 
     def _fetch_per_module(self, model: torch.nn.Module, zc: Dict[str, Any]) -> None:
         """Stage 3: the model keeps empty parameters; each module fetches its own (those
@@ -349,9 +370,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Parameter `name`'s current values, on the device of the (empty) parameter `p`: the
         model may be moved (model.to) after the optimizer took its parameters."""
         if self._zero is not None:
-            values = torch.empty(self._shapes[name], dtype=p.dtype)
+            values = torch.empty(self._shapes[name], dtype=p.dtype, pin_memory=p.is_cuda)
             self._zero.gather(name, values.view(-1))
-            return values
+            return values.to(p.device, non_blocking=True)
         # Pinned host memory: an asynchronous copy on the current stream (the engine writes
         # these values only after the gradient's copy to the host, which follows it on the
         # stream and waits, or in step(), which waits for every copy first).
@@ -405,17 +426,20 @@ class OffloadOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._sync_groups()
+        if self._host_grads:
+            self._hand_over(wait=True)
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # the copies still reading the host values
+        if self._partitioned:  # the order of use is known after the first step
+            self._recording, self._cursor, self._ahead = False, 0, 0
+            self._prefetched.clear()
         if self._zero is not None:
             stats = self._zero.step()
         else:
-            if self._host_values:
-                self._hand_over(wait=True)
-                if torch.cuda.is_initialized():
-                    torch.cuda.synchronize()  # the fetches still reading the host values
-                self._recording, self._cursor, self._ahead = False, 0, 0
-                self._prefetched.clear()
             stats = self._engine.step()
             self._engine.wait_parameters(self._stream())
+        if self._upload:
+            self._upload_values()
         self._refresh_persistent()
         if stats["skipped"]:
             self._skipped += 1
@@ -533,6 +557,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._sent[i] = self._group_hyper(g)
         if self._engine is not None:
             self._engine.wait_parameters(self._stream())
+        if self._upload:
+            self._upload_values()
         self._refresh_persistent()
 
     def _no_zero_checkpoints(self) -> None:

@@ -95,3 +95,19 @@ def test_parameter_offload_on_cuda_trains_as_the_resident_engine():
         assert torch.equal(opt_o.parameter_values(name), p.detach()), name
     opt_r.close()
     opt_o.close()
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_two_ranks_on_one_gpu_give_the_bits_of_one_process(tmp_path, stage):
+    """ZeRO with GPU parameters (two processes sharing the GPU, the gradients and new values
+    through host memory) against the GPU engine in one process taking both micro-batches."""
+    from test_zero import launch
+
+    want = launch(tmp_path / "engine", 0, 2, 1, device="cuda")[0]
+    ranks = launch(tmp_path / "zero", stage, 1, 2, persist=20 if stage == 3 else 0,
+                   device="cuda")
+    for name, values in want["params"].items():
+        for r in (0, 1):
+            assert torch.equal(ranks[r]["params"][name], values), (name, r)
+    for r in (0, 1):
+        assert ranks[r]["losses"] == want["losses"][r::2]

@@ -25,7 +25,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(out, stage, accumulation, world, persist=0):
+def launch(out, stage, accumulation, world, persist=0, device="cpu"):
     """Runs zero_worker.py as `world` ranks; returns each rank's saved record."""
     port = free_port()
     procs = []
@@ -33,7 +33,8 @@ def launch(out, stage, accumulation, world, persist=0):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port))
         procs.append(subprocess.Popen(
-            [sys.executable, WORKER, str(out), str(stage), str(accumulation), str(persist)], env=env,
+            [sys.executable, WORKER, str(out), str(stage), str(accumulation), str(persist),
+             device], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for rank, p in enumerate(procs):
         output, _ = p.communicate(timeout=300)

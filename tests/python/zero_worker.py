@@ -1,9 +1,10 @@
 """One rank of a ZeRO run for test_zero.py, launched as torchrun would (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT): trains a small MLP and saves its losses and final parameters.
 
-    python zero_worker.py OUT STAGE ACCUMULATION [PERSIST]
+    python zero_worker.py OUT STAGE ACCUMULATION [PERSIST [DEVICE]]
         STAGE 0: stage 2 in one process, the plain engine; stage 3 in one process offloads the
         parameters. PERSIST: stage3_param_persistence_threshold (default 0: none stays).
+        DEVICE: cpu (default) or cuda (the model and data there).
 """
 
 import os
@@ -26,6 +27,7 @@ def data(step: int, micro: int):
 def main() -> None:
     out, stage, accumulation = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     persist = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    device = sys.argv[5] if len(sys.argv) > 5 else "cpu"
     torch.set_num_threads(1)  # the same sums in every process
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -34,7 +36,7 @@ def main() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(7, 13), torch.nn.Tanh(), torch.nn.Linear(13, 5), torch.nn.Tanh(),
-        torch.nn.Linear(5, 1))
+        torch.nn.Linear(5, 1)).to(device)
     config = {
         "gradient_accumulation_steps": accumulation,
         "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
@@ -50,7 +52,7 @@ def main() -> None:
     losses = []
     for step in range(STEPS):
         for a in range(accumulation):
-            x, y = data(step, rank * accumulation + a)
+            x, y = (t.to(device) for t in data(step, rank * accumulation + a))
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
             losses.append(loss.item())
@@ -59,7 +61,7 @@ def main() -> None:
             for name, p in model.named_parameters():
                 small = opt.parameter_values(name).numel() < persist
                 assert (p.numel() > 0) == small, (name, p.numel())
-    params = {name: opt.parameter_values(name) for name, _ in model.named_parameters()}
+    params = {name: opt.parameter_values(name).cpu() for name, _ in model.named_parameters()}
     if world > 1:  # partitioned state: no checkpoints yet, said clearly
         try:
             opt.state_dict()

@@ -143,7 +143,7 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   }
   const bool io_known = on_nvme == 0 || e.io_seconds > 0;
   if (n > 1 || stage3) {
-    e.bound = n > 1 ? "no step time: ZeRO across GPUs (NCCL) is not in zoffload yet"
+    e.bound = n > 1 ? "no step time: ZeRO across ranks is not measured yet"
                     : "no step time: stage 3 is not measured yet";
   } else if (w.accumulation > 1) {
     // The worker's fp32 sums compete with the update for host memory bandwidth (7B, 4
