@@ -26,12 +26,11 @@
 #include <utility>
 #include <vector>
 
-#include "zero/host_comm.h"
-#include "zero/zero_optimizer.h"
 #include "zoffload/config.h"
 #include "zoffload/cpu_adam.h"
 #include "zoffload/engine.h"
 #include "zoffload/status.h"
+#include "zoffload/zero.h"
 
 namespace nb = nanobind;
 
@@ -438,13 +437,13 @@ class Engine {
   std::unique_ptr<OffloadEngine> engine_;
 };
 
-// One rank's ZeRO stage 1-3 optimizer over the host shared-memory communicator (host
-// parameters); zoffload.torch makes it under torch.distributed.
+// One rank's ZeRO stage 1-3 optimizer (include/zoffload/zero.h; host parameters);
+// zoffload.torch makes it under torch.distributed.
 class Zero {
  public:
   Zero(const std::string& config_json,
        const std::vector<std::tuple<std::string, AnyArray, int>>& params,
-       const std::vector<nb::dict>& groups, const std::string& segment, int rank, int world,
+       const std::vector<nb::dict>& groups, const std::string& run, int rank, int world,
        double timeout_seconds) {
     const Config config = ParseConfigText(config_json);
     if (params.empty()) Fail(StatusCode::kInvalidArgument, "ZeRO: no parameters given");
@@ -464,32 +463,31 @@ class Zero {
       s.data = array.data();
       s.elements = array.size();
       s.group = group;
+      for (size_t d = 0; d < array.ndim(); ++d) s.shape.push_back(array.shape(d));
       specs.push_back(std::move(s));
       elements_.emplace(name, std::make_pair(array.size(), s.dtype));
     }
-    internal::zero::ZeroOptions options;
+    ZeroOptions options;
     const ParamGroup base = ParamGroup::FromConfig(config.optimizer);
     for (const nb::dict& g : groups) options.groups.push_back(GroupFrom(g, base));
-    internal::zero::HostComm::Options co;
-    co.name = segment;
-    co.rank = rank;
-    co.world = world;
-    co.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
+    ZeroRank me;
+    me.rank = rank;
+    me.world = world;
+    me.run = run;
+    me.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
     nb::gil_scoped_release release;
-    comm_ = Unwrap(internal::zero::HostComm::Create(co));
-    zero_ = Unwrap(internal::zero::ZeroOptimizer::Create(config, std::move(specs), *comm_,
-                                                         std::move(options)));
+    zero_ = Unwrap(ZeroOptimizer::Create(config, std::move(specs), me, std::move(options)));
   }
 
   void GradientReady(const std::string& name, const AnyArray& grad) {
-    internal::zero::ZeroOptimizer& z = Live();
+    ZeroOptimizer& z = Live();
     const DType dtype = CheckArray(grad, "the gradient of '" + name + "'", false);
     nb::gil_scoped_release release;
     Check(z.GradientReady(name, grad.data(), grad.size(), dtype));
   }
 
   nb::dict Step() {
-    internal::zero::ZeroOptimizer& z = Live();
+    ZeroOptimizer& z = Live();
     EngineStepStats stats;
     {
       nb::gil_scoped_release release;
@@ -500,7 +498,7 @@ class Zero {
 
   // The parameter's current values into `out` (cpu, its size and dtype).
   void Gather(const std::string& name, const AnyArray& out) {
-    internal::zero::ZeroOptimizer& z = Live();
+    ZeroOptimizer& z = Live();
     const auto [n, dtype] = Lookup(name);
     const std::string what = "the output for '" + name + "'";
     if (CheckArray(out, what, false) != dtype || out.size() != n) {
@@ -512,7 +510,7 @@ class Zero {
   }
 
   nb::ndarray<nb::numpy, float, nb::ndim<1>> Master(const std::string& name) {
-    internal::zero::ZeroOptimizer& z = Live();
+    ZeroOptimizer& z = Live();
     const uint64_t n = Lookup(name).first;
     auto* master = new float[n];
     nb::capsule owner(master, [](void* q) noexcept { delete[] static_cast<float*>(q); });
@@ -524,19 +522,19 @@ class Zero {
   }
 
   void Save(const std::filesystem::path& dir) {
-    internal::zero::ZeroOptimizer& z = Live();
+    ZeroOptimizer& z = Live();
     nb::gil_scoped_release release;
     Check(z.Save(dir.string()));
   }
 
   void Load(const std::filesystem::path& dir) {
-    internal::zero::ZeroOptimizer& z = Live();
+    ZeroOptimizer& z = Live();
     nb::gil_scoped_release release;
     Check(z.Load(dir.string()));
   }
 
   nb::dict Group(int index) {
-    internal::zero::ZeroOptimizer& z = Live();
+    ZeroOptimizer& z = Live();
     if (index < 0 || index >= z.group_count()) {
       Fail(StatusCode::kOutOfRange, "ZeRO: no parameter group " + std::to_string(index));
     }
@@ -544,7 +542,7 @@ class Zero {
   }
 
   void SetGroup(int index, const nb::dict& group) {
-    internal::zero::ZeroOptimizer& z = Live();
+    ZeroOptimizer& z = Live();
     if (index < 0 || index >= z.group_count()) {
       Fail(StatusCode::kOutOfRange, "ZeRO: no parameter group " + std::to_string(index));
     }
@@ -554,7 +552,6 @@ class Zero {
   void Close() {
     nb::gil_scoped_release release;
     zero_.reset();
-    comm_.reset();
   }
 
   int stage() { return Live().stage(); }
@@ -569,14 +566,13 @@ class Zero {
     if (it == elements_.end()) Fail(StatusCode::kNotFound, "ZeRO: no parameter '" + name + "'");
     return it->second;
   }
-  internal::zero::ZeroOptimizer& Live() {
+  ZeroOptimizer& Live() {
     if (zero_ == nullptr) Fail(StatusCode::kFailedPrecondition, "ZeRO: closed");
     return *zero_;
   }
 
   std::unordered_map<std::string, std::pair<uint64_t, DType>> elements_;
-  std::unique_ptr<internal::zero::HostComm> comm_;
-  std::unique_ptr<internal::zero::ZeroOptimizer> zero_;  // destroyed before comm_
+  std::unique_ptr<ZeroOptimizer> zero_;
 };
 
 void DefineModule(nb::module_& m) {
@@ -663,12 +659,13 @@ void DefineModule(nb::module_& m) {
                    "rank makes the same calls in the same order.")
       .def(nb::init<const std::string&, const std::vector<std::tuple<std::string, AnyArray, int>>&,
                     const std::vector<nb::dict>&, const std::string&, int, int, double>(),
-           nb::arg("config_json"), nb::arg("params"), nb::arg("groups"), nb::arg("segment"),
+           nb::arg("config_json"), nb::arg("params"), nb::arg("groups"), nb::arg("run"),
            nb::arg("rank"), nb::arg("world"), nb::arg("timeout_seconds") = 300.0,
            "params: (name, cpu array, group index) each, one dtype for all; at stages 1-2 the "
            "arrays are updated in place by step() and must stay alive, at stage 3 they are read "
-           "here only. segment: the shared-memory name, the same on every rank and unique per "
-           "run (rank 0 creates it). A rank that does not arrive within timeout_seconds makes "
+           "here only. run: the run's name, the same on every rank and unique per run (letters, "
+           "digits, '.', '_', '-'; the shared-memory segment is named after it). A rank that does "
+           "not arrive within timeout_seconds makes "
            "the others fail, naming it.")
       .def("gradient_ready", &Zero::GradientReady, nb::arg("name"), nb::arg("grad"),
            "This micro-batch's gradient of a parameter (collective at stages 2-3: buckets are "

@@ -178,7 +178,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._fetch_hooks: List[Any] = []
         if world > 1:
             self._zero = _zoffload.Zero(
-                self._config_json, spec, hypers, _segment_name(world, rank), rank, world
+                self._config_json, spec, hypers, _run_name(world, rank), rank, world
             )
             if zc["stage"] == 3:  # read at creation only: the partitions hold them now
                 self._host_values = {}
@@ -591,10 +591,10 @@ def _world() -> Tuple[int, int]:
     return 1, 0
 
 
-def _segment_name(world: int, rank: int) -> str:
-    """The shared-memory segment of this run: made by rank 0, sent to the others through
-    torch.distributed."""
-    name = [f"zoffload-{os.getpid()}-{secrets.token_hex(6)}" if rank == 0 else None]
+def _run_name(world: int, rank: int) -> str:
+    """The run's name (its shared-memory segment is named after it): made by rank 0, sent to
+    the others through torch.distributed."""
+    name = [f"{os.getpid()}-{secrets.token_hex(6)}" if rank == 0 else None]
     if world > 1:
         torch.distributed.broadcast_object_list(name, src=0)
     return str(name[0])

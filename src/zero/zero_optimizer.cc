@@ -60,7 +60,8 @@ uint64_t ZeroOptimizer::owned_elements() const {
 Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& config,
                                                              std::vector<ParameterSpec> specs,
                                                              Communicator& comm,
-                                                             ZeroOptions options) {
+                                                             ZeroOptions options,
+                                                             uint64_t align) {
   std::unique_ptr<ZeroOptimizer> z(new ZeroOptimizer(config, comm));
   const ZeroConfig& zc = config.zero_optimization;
   if (zc.stage < 1 || zc.stage > 3) {
@@ -102,6 +103,13 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
       return InvalidArgumentError(StrCat("ZeRO: parameter '", s.name, "' is in group ", s.group,
                                          "; there are ", z->groups_.size(), " groups"));
     }
+    uint64_t shape_elements = 1;
+    for (uint64_t d : s.shape) shape_elements *= d;
+    if (!s.shape.empty() && shape_elements != s.elements) {
+      return InvalidArgumentError(StrCat("ZeRO: parameter '", s.name, "' has a shape of ",
+                                         shape_elements, " elements but ", s.elements,
+                                         " elements"));
+    }
     if (s.dtype != specs[0].dtype) {
       return InvalidArgumentError(StrCat("ZeRO: parameter '", s.name, "' is ", ToString(s.dtype),
                                          " but '", specs[0].name, "' is ", ToString(specs[0].dtype),
@@ -125,9 +133,9 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
   if (order.empty()) {
     for (size_t i = specs.size(); i > 0; --i) order.push_back(i - 1);
   }
-  if (options.align == 0) return InvalidArgumentError("ZeRO: align must be at least 1 element");
+  if (align == 0) return InvalidArgumentError("ZeRO: align must be at least 1 element");
   auto plan = BucketPlan::Create(sizes, order, comm.world(),
-                                 static_cast<uint64_t>(zc.reduce_bucket_size), options.align);
+                                 static_cast<uint64_t>(zc.reduce_bucket_size), align);
   if (!plan.ok()) return plan.status().WithContext("ZeRO");
   z->plan_ = std::move(*plan);
   const std::vector<BucketPlan::Bucket>& buckets = z->plan_.buckets();

@@ -48,22 +48,9 @@
 #include "zoffload/engine.h"
 #include "zoffload/runtime.h"
 #include "zoffload/status.h"
+#include "zoffload/zero.h"
 
 namespace zoffload::internal::zero {
-
-struct ZeroOptions {
-  /// Parameter indices in the order their gradients arrive; empty: the reverse of the given
-  /// order (backward runs the model backwards).
-  std::vector<size_t> order;
-  /// The parameter groups; empty: one group from the config's optimizer.params.
-  std::vector<ParamGroup> groups;
-  /// Shared with other parts (must outlive the optimizer); null: one of its own from the config
-  /// (at world size > 1 with the NVMe directories' subdirectory "rank<r>", made if missing).
-  RuntimeContext* context = nullptr;
-  /// Each rank's slice of a bucket is a multiple of this many elements (64 bytes of fp32 at
-  /// the default, so that slices start on cache lines).
-  uint64_t align = 16;
-};
 
 class ZeroOptimizer {
  public:
@@ -71,10 +58,12 @@ class ZeroOptimizer {
   /// rank keeps whole (Step writes the new values into it); at stage 3 it is read here for the
   /// initial values only (ParameterSpec::initial, when given, is the fp32 master) and may be
   /// freed after. Errors name the parameter, key or size at fault.
+  /// (include/zoffload/zero.h's facade holds this with a HostComm.) `align`: each rank's
+  /// slice of a bucket is a multiple of this many elements (16: 64 bytes of fp32).
   static Result<std::unique_ptr<ZeroOptimizer>> Create(const Config& config,
                                                        std::vector<ParameterSpec> params,
-                                                       Communicator& comm,
-                                                       ZeroOptions options = {});
+                                                       Communicator& comm, ZeroOptions options = {},
+                                                       uint64_t align = 16);
   ~ZeroOptimizer();
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
