@@ -253,6 +253,32 @@ Result<CheckpointMeta> ReadCheckpointMeta(const std::string& dir, std::string* f
   return meta;
 }
 
+CheckpointMeta CheckpointHeader(int64_t steps, const LossScaler::State& scaler,
+                                const Config& config, const std::vector<ParamGroup>& groups) {
+  CheckpointMeta meta;
+  meta.steps = steps;
+  meta.loss_scale = scaler.scale;
+  meta.overflows = scaler.overflows;
+  meta.good_steps = scaler.good_steps;
+  meta.precision = std::string(ToString(config.zoffload.optimizer_state));
+  meta.fingerprint = StrCat(std::hash<std::string>{}(SerializeConfig(config)));
+  meta.groups = groups;
+  return meta;
+}
+
+CheckpointEntry EntryFor(const std::string& name, uint64_t elements,
+                         const std::vector<uint64_t>& shape, DType dtype, int group,
+                         StatePrecision precision) {
+  CheckpointEntry c;
+  c.name = name;
+  c.elements = elements;
+  c.shape = shape;
+  c.dtype = dtype;
+  c.group = group;
+  c.moment_bytes = AdamMomentBytes(precision, elements);
+  return c;
+}
+
 Result<std::vector<const CheckpointEntry*>> MatchCheckpoint(
     const CheckpointMeta& meta, const std::string& from, const std::vector<RegisteredParam>& params,
     StatePrecision precision, size_t groups) {

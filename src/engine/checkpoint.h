@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "engine/loss_scaler.h"
+#include "zoffload/config.h"
 #include "zoffload/cpu_adam.h"
 #include "zoffload/dtype.h"
 #include "zoffload/engine.h"
@@ -48,6 +50,15 @@ struct CheckpointMeta {
   std::vector<ParamGroup> groups;
   std::vector<CheckpointEntry> entries;
 };
+
+/// A manifest's header: the step count, the loss scaler, the state precision, the config's
+/// fingerprint and the groups (entries to be added with EntryFor).
+CheckpointMeta CheckpointHeader(int64_t steps, const LossScaler::State& scaler,
+                                const Config& config, const std::vector<ParamGroup>& groups);
+/// A parameter's entry (offset and CRC are WriteCheckpoint's).
+CheckpointEntry EntryFor(const std::string& name, uint64_t elements,
+                         const std::vector<uint64_t>& shape, DType dtype, int group,
+                         StatePrecision precision);
 
 /// Fills entry i's master (elements floats), m and v (moment_bytes each).
 using ReadEntry = std::function<Status(size_t i, float* master, std::byte* m, std::byte* v)>;

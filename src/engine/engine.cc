@@ -902,24 +902,10 @@ Status OffloadEngine::Save(const std::string& dir) {
   ZO_RETURN_IF_ERROR(e.BetweenSteps("Save"));
   ZO_RETURN_IF_ERROR(e.Collect(nullptr).WithContext("Save"));
   const StatePrecision precision = e.config.zoffload.optimizer_state;
-  internal::CheckpointMeta meta;
-  meta.steps = e.steps;
-  const internal::LossScaler::State scaler = e.scaler.state();
-  meta.loss_scale = scaler.scale;
-  meta.overflows = scaler.overflows;
-  meta.good_steps = scaler.good_steps;
-  meta.precision = std::string(ToString(precision));
-  meta.fingerprint = StrCat(std::hash<std::string>{}(SerializeConfig(e.config)));
-  meta.groups = e.groups;
+  internal::CheckpointMeta meta =
+      internal::CheckpointHeader(e.steps, e.scaler.state(), e.config, e.groups);
   for (const Impl::Param& p : e.params) {
-    internal::CheckpointEntry c;
-    c.name = p.name;
-    c.elements = p.n;
-    c.shape = p.shape;
-    c.dtype = p.dtype;
-    c.group = p.group;
-    c.moment_bytes = AdamMomentBytes(precision, p.n);
-    meta.entries.push_back(std::move(c));
+    meta.entries.push_back(internal::EntryFor(p.name, p.n, p.shape, p.dtype, p.group, precision));
   }
   return internal::WriteCheckpoint(dir, std::move(meta),
                                    [&e](size_t i, float* master, std::byte* m, std::byte* v) {

@@ -60,8 +60,7 @@ uint64_t ZeroOptimizer::owned_elements() const {
 Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& config,
                                                              std::vector<ParameterSpec> specs,
                                                              Communicator& comm,
-                                                             ZeroOptions options,
-                                                             uint64_t align) {
+                                                             ZeroOptions options, uint64_t align) {
   std::unique_ptr<ZeroOptimizer> z(new ZeroOptimizer(config, comm));
   const ZeroConfig& zc = config.zero_optimization;
   if (zc.stage < 1 || zc.stage > 3) {
@@ -478,15 +477,7 @@ Status ZeroOptimizer::Save(const std::string& dir) {
   }
   ZO_RETURN_IF_ERROR(Agree(ready, "Save"));
   const uint64_t moment = AdamMomentBytes(precision, 1);  // per element: fp32 4, bf16 2
-  CheckpointMeta meta;
-  meta.steps = steps_;
-  const LossScaler::State scaler = scaler_.state();
-  meta.loss_scale = scaler.scale;
-  meta.overflows = scaler.overflows;
-  meta.good_steps = scaler.good_steps;
-  meta.precision = std::string(ToString(precision));
-  meta.fingerprint = StrCat(std::hash<std::string>{}(SerializeConfig(config_)));
-  meta.groups = groups_;
+  CheckpointMeta meta = CheckpointHeader(steps_, scaler_.state(), config_, groups_);
   // Entries in the plan's order, so that each bucket is gathered once.
   std::vector<size_t> order;
   for (const BucketPlan::Bucket& bucket : plan_.buckets()) {
@@ -496,14 +487,7 @@ Status ZeroOptimizer::Save(const std::string& dir) {
   }
   for (size_t t : order) {
     const Param& p = params_[t];
-    CheckpointEntry c;
-    c.name = p.name;
-    c.elements = p.n;
-    c.shape = p.shape;
-    c.dtype = p.dtype;
-    c.group = p.group;
-    c.moment_bytes = AdamMomentBytes(precision, p.n);
-    meta.entries.push_back(std::move(c));
+    meta.entries.push_back(EntryFor(p.name, p.n, p.shape, p.dtype, p.group, precision));
   }
   // Every rank gathers every entry in the same order; rank 0 writes them.
   size_t gathered = 0;

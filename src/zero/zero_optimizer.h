@@ -54,12 +54,9 @@ namespace zoffload::internal::zero {
 
 class ZeroOptimizer {
  public:
-  /// `params`: host memory, one dtype for all. At stages 1 and 2 `data` is the parameter every
-  /// rank keeps whole (Step writes the new values into it); at stage 3 it is read here for the
-  /// initial values only (ParameterSpec::initial, when given, is the fp32 master) and may be
-  /// freed after. Errors name the parameter, key or size at fault.
-  /// (include/zoffload/zero.h's facade holds this with a HostComm.) `align`: each rank's
-  /// slice of a bucket is a multiple of this many elements (16: 64 bytes of fp32).
+  // The calls are zoffload::ZeroOptimizer's (include/zoffload/zero.h, which holds this with a
+  // HostComm) and documented there; this one runs over any Communicator. `align`: each rank's
+  // slice of a bucket is a multiple of this many elements (16: 64 bytes of fp32).
   static Result<std::unique_ptr<ZeroOptimizer>> Create(const Config& config,
                                                        std::vector<ParameterSpec> params,
                                                        Communicator& comm, ZeroOptions options = {},
@@ -68,33 +65,17 @@ class ZeroOptimizer {
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
 
-  /// Parameter `name`'s gradient of this micro-batch (host memory, its dtype); the memory may be
-  /// reused when this returns. Stages 2 and 3 reduce-scatter a bucket here when it is complete.
+  // Stages 2 and 3 reduce-scatter a bucket here when its last gradient arrives.
   Status GradientReady(std::string_view name, const void* grad, uint64_t elements, DType dtype);
-  /// The optimizer step at the accumulation boundary (EngineStepStats: step, skipped,
-  /// grad_norm, clip_coef, loss_scale, seconds, adam_seconds).
   Result<EngineStepStats> Step();
-
-  /// Parameter `name`'s current values (elements of its dtype) into `out` (host memory),
-  /// gathered from the ranks that own them (collective). Stage 3 calls it before each use of a
-  /// parameter (the forward and backward pre-hooks); the caller owns `out` and drops it after.
   Status GatherParameter(std::string_view name, void* out);
-  /// Parameter `name`'s fp32 master values, gathered from the ranks that own them (collective).
   Status GatherMaster(std::string_view name, float* out);
-
-  /// Writes a checkpoint into directory `dir` (collective; between steps): rank 0 writes the
-  /// OffloadEngine's format (docs/checkpoints.md) with every parameter's whole master and
-  /// moments, gathered one bucket at a time, so it loads at any world size and into an
-  /// OffloadEngine. fp32 and bf16 state (int8 moments' blocks follow the partition:
-  /// UNIMPLEMENTED). Every rank returns rank 0's outcome.
+  // Save: the ranks gather the state bucket by bucket (in the plan's order, so each once) and
+  // rank 0 writes it; after a write error rank 0 still takes its part in the gathers, and every
+  // rank returns the failure. Load: every rank checks everything, the ranks agree, then each
+  // writes its partition (a damaged checkpoint changes nothing on any rank).
   Status Save(const std::string& dir);
-  /// Restores a checkpoint (Save's, or an OffloadEngine's) for the same parameters and state
-  /// precision, saved at any world size (collective; `dir` readable by every rank). Every rank
-  /// verifies every checksum before anything changes anywhere; then each takes its partition
-  /// and (stages 1-2) every parameter's values.
   Status Load(const std::string& dir);
-
-  /// Changes a group's hyperparameters from the next Step on (an LR schedule).
   Status SetGroup(int index, const ParamGroup& group);
   int group_count() const { return static_cast<int>(groups_.size()); }
   const ParamGroup& group(int index) const { return groups_[static_cast<size_t>(index)]; }
@@ -102,9 +83,7 @@ class ZeroOptimizer {
   int stage() const { return stage_; }
   float loss_scale() const { return scaler_.scale(); }
   int64_t steps() const { return steps_; }
-  /// This rank's partition: elements (padding included; the same on every rank).
   uint64_t partition_elements() const { return plan_.partition_elements(); }
-  /// The elements whose optimizer state this rank holds (its partition without padding).
   uint64_t owned_elements() const;
 
  private:
