@@ -455,8 +455,10 @@ Status ZeroOptimizer::GatherBucketState(size_t b, std::vector<float>& master,
     ZO_RETURN_IF_ERROR(state_->Read(k, span_master.data(), span_m.data(), span_v.data()));
     const uint64_t at = s.offset - bucket_offset_[b];
     std::memcpy(my_master.data() + at, span_master.data(), 4 * s.n);
-    std::memcpy(my_m.data() + at * moment, span_m.data(), s.n * moment);
-    std::memcpy(my_v.data() + at * moment, span_v.data(), s.n * moment);
+    if (moment > 0) {  // (without moments my_m and my_v are empty)
+      std::memcpy(my_m.data() + at * moment, span_m.data(), s.n * moment);
+      std::memcpy(my_v.data() + at * moment, span_v.data(), s.n * moment);
+    }
   }
   master.resize(padded);
   ZO_RETURN_IF_ERROR(comm_.AllGather(my_master.data(), master.data(), 4 * slice));
