@@ -160,6 +160,16 @@ Status HostComm::Barrier() {
   return Status::Ok();
 }
 
+// out[i] = region 0's [at + i], then region 1's added, ... (rank order), i < n: one pass per
+// rank, each a loop the compiler vectorizes.
+void HostComm::AddInRankOrder(uint64_t at, uint64_t n, float* out) const {
+  std::memcpy(out, reinterpret_cast<const float*>(region(0)) + at, 4 * n);
+  for (int q = 1; q < options_.world; ++q) {
+    const float* in = reinterpret_cast<const float*>(region(q)) + at;
+    for (uint64_t i = 0; i < n; ++i) out[i] += in[i];
+  }
+}
+
 Status HostComm::AllReduceSum(float* data, uint64_t n) {
   const uint64_t chunk = options_.region_bytes / 4;
   auto* mine = reinterpret_cast<float*>(region(options_.rank));
@@ -167,11 +177,7 @@ Status HostComm::AllReduceSum(float* data, uint64_t n) {
     const uint64_t len = std::min(chunk, n - first);
     std::memcpy(mine, data + first, len * 4);
     ZO_RETURN_IF_ERROR(Barrier());
-    for (uint64_t i = 0; i < len; ++i) {
-      float sum = reinterpret_cast<float*>(region(0))[i];
-      for (int q = 1; q < options_.world; ++q) sum += reinterpret_cast<float*>(region(q))[i];
-      data[first + i] = sum;
-    }
+    AddInRankOrder(0, len, data + first);
     ZO_RETURN_IF_ERROR(Barrier());
   }
   return Status::Ok();
@@ -187,13 +193,7 @@ Status HostComm::ReduceScatterSum(const float* send, float* recv, uint64_t count
     for (uint64_t k = 0; k < world; ++k)
       std::memcpy(mine + k * len, send + k * count + first, len * 4);
     ZO_RETURN_IF_ERROR(Barrier());
-    for (uint64_t i = 0; i < len; ++i) {
-      float sum = reinterpret_cast<float*>(region(0))[me * len + i];
-      for (int q = 1; q < options_.world; ++q) {
-        sum += reinterpret_cast<float*>(region(q))[me * len + i];
-      }
-      recv[first + i] = sum;
-    }
+    AddInRankOrder(me * len, len, recv + first);
     ZO_RETURN_IF_ERROR(Barrier());
   }
   return Status::Ok();

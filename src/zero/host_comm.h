@@ -51,6 +51,7 @@ class HostComm final : public Communicator {
   struct Header;
   explicit HostComm(const Options& options) : options_(options) {}
   std::byte* region(int rank) const;
+  void AddInRankOrder(uint64_t at, uint64_t n, float* out) const;
   Status Broken() const;
 
   Options options_;
