@@ -3,7 +3,9 @@ torch.distributed (gloo, for the bootstrap) and zoffload's host shared-memory ba
 taking one micro-batch each end with the bits of one process (the OffloadEngine) taking both as
 accumulation steps: the same losses and parameters, at every stage. Stage 3 with offload_param
 in one process (parameters fetched per module from host memory) trains as the plain engine.
-Between uses, stage 3 keeps no parameter values in the model."""
+Between uses, stage 3 keeps no parameter values in the model; under activation checkpointing
+(torch.utils.checkpoint, transformers' gradient checkpointing) parameter offload trains as the
+plain engine."""
 
 import os
 import socket
@@ -113,3 +115,89 @@ def test_parameter_offload_keeps_checkpoints_and_reads_values(tmp_path):
     assert torch.equal(state["state"]["1.bias"]["master"], opt.parameter_values("1.bias"))
     opt.save(tmp_path / "ckpt")
     opt.close()
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_parameter_offload_under_activation_checkpointing(reentrant):
+    """torch.utils.checkpoint recomputes each block's forward inside backward: the blocks
+    fetch their parameters again there, and the training is the plain engine's, bit for bit."""
+    import torch.utils.checkpoint as cp
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.n, self.b = (torch.nn.Linear(16, 16), torch.nn.LayerNorm(16),
+                                      torch.nn.Linear(16, 16))
+
+        def forward(self, x):
+            return x + self.b(torch.tanh(self.n(self.a(x))))
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e, self.o = torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)
+            self.blocks = torch.nn.ModuleList(Block() for _ in range(3))
+
+        def forward(self, x):
+            h = self.e(x)
+            for b in self.blocks:
+                h = cp.checkpoint(b, h, use_reentrant=reentrant)
+            return self.o(h)
+
+    def run(offload):
+        torch.manual_seed(0)
+        model = Model()
+        zero = {"stage": 3 if offload else 2, "offload_optimizer": {"device": "cpu"},
+                "stage3_param_persistence_threshold": 0}
+        if offload:
+            zero["offload_param"] = {"device": "cpu"}
+        opt = zt.OffloadOptimizer(model.named_parameters(), config={"zero_optimization": zero},
+                                  lr=1e-2, model=model)
+        g = torch.Generator().manual_seed(1)
+        losses = []
+        for _ in range(5):
+            x, y = torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, {n: opt.parameter_values(n) for n, _ in model.named_parameters()}
+
+    (want, want_params), (got, got_params) = run(False), run(True)
+    assert got == want
+    for name, values in want_params.items():
+        assert torch.equal(got_params[name], values), name
+
+
+def test_parameter_offload_trains_a_transformers_llama_as_the_engine():
+    """The 7B example's path on a tiny Llama: transformers' gradient checkpointing, stage 3 with
+    offload_param, the same losses and parameters as the plain engine."""
+    transformers = pytest.importorskip("transformers")
+
+    def run(offload):
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=4, vocab_size=101, max_position_embeddings=32)
+        model = transformers.LlamaForCausalLM(config)
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+        model.train()
+        zero = {"stage": 3 if offload else 2, "offload_optimizer": {"device": "cpu"}}
+        if offload:
+            zero["offload_param"] = {"device": "cpu"}
+        opt = zt.OffloadOptimizer(model.named_parameters(), config={"zero_optimization": zero},
+                                  lr=1e-3, model=model)
+        tokens = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(0))
+        losses = []
+        for _ in range(4):
+            loss = model(input_ids=tokens, labels=tokens).loss
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses, {n: opt.parameter_values(n) for n, _ in model.named_parameters()}
+
+    (want, want_params), (got, got_params) = run(False), run(True)
+    assert got == want and got[-1] < got[0]
+    for name, values in want_params.items():
+        assert torch.equal(got_params[name], values), name
