@@ -357,9 +357,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._ahead += 1
 
     def _prefetch(self, key: int, own: List[Tuple[str, torch.Tensor]]) -> None:
+        # The copies read host memory that nothing writes until step() (which waits for them)
+        # into new memory of their own stream: they need not wait for the compute queued so far.
         if self._copies is None:
             self._copies = torch.cuda.Stream(own[0][1].device)
-        self._copies.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(self._copies):
             values = [self._host_values[name].to(p.device, non_blocking=True) for name, p in own]
             copied = torch.cuda.Event()
