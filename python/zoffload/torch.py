@@ -357,8 +357,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._ahead += 1
 
     def _prefetch(self, key: int, own: List[Tuple[str, torch.Tensor]]) -> None:
-        # The copies read host memory that nothing writes until step() (which waits for them)
-        # into new memory of their own stream: they need not wait for the compute queued so far.
+        # The copies read host values that nothing writes while they can run (the engine writes
+        # a parameter's only after its last use in the step, or in step(), which waits for
+        # them), into new memory of their own stream: they need not wait for the compute queued.
         if self._copies is None:
             self._copies = torch.cuda.Stream(own[0][1].device)
         with torch.cuda.stream(self._copies):
