@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import warnings
 import weakref
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
@@ -162,12 +163,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._persistent: Dict[str, torch.Tensor] = {}  # stage 3: the ones kept on the device
         self._pending: List[Tuple[str, torch.Tensor, Any]] = []  # gradients on their way
         self._pending_bytes = 0
+        self._unregister: Optional[Any] = None  # releases the page-locked block, if any
         if self._host_grads:
-            pin = torch.cuda.is_available()
-            for name, t in names:
-                values = torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
-                values.copy_(t.detach())
-                self._host_values[name] = values
+            self._host_values = self._host_copies(names)
         spec = []
         for gi, g in enumerate(self.param_groups):
             for t in g["params"]:
@@ -221,6 +219,38 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 param.data = _empty_like(param)
 
         return hook
+
+    def _host_copies(self, names: List[Tuple[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
+        """Host copies of the parameters' values. With a GPU they are page-locked, all in one
+        block of their exact size registered with CUDA (torch's pinned allocator would round
+        each tensor up to a power of two: up to twice the memory); if registering fails (a
+        memlock limit), torch's pinned tensors, with a warning."""
+        aligned = [(n, t, (t.numel() * t.element_size() + 63) // 64 * 64) for n, t in names]
+        block = None
+        if torch.cuda.is_available():
+            block = torch.empty(sum(size for _, _, size in aligned), dtype=torch.uint8)
+            try:
+                torch.cuda.check_error(torch.cuda.cudart().cudaHostRegister(
+                    block.data_ptr(), block.numel(), 0))
+                # Unregistered on close(), or when the optimizer is collected without it.
+                self._unregister = weakref.finalize(self, _unregister, block)
+                self._unregister.atexit = False  # the process's end releases it anyway
+            except Exception as e:  # noqa: BLE001 - any refusal: fall back, and say so
+                warnings.warn(f"zoffload: page-locking {block.numel()} bytes of parameter "
+                              f"values failed ({e}); using torch's pinned memory (rounded up "
+                              "to powers of two). Raise `ulimit -l` to avoid this.")
+                block = None
+        copies, at = {}, 0
+        for name, t, size in aligned:
+            if block is not None:
+                nbytes = t.numel() * t.element_size()
+                values = block[at:at + nbytes].view(t.dtype).view(t.shape)
+                at += size
+            else:
+                values = torch.empty(t.shape, dtype=t.dtype, pin_memory=torch.cuda.is_available())
+            values.copy_(t.detach())
+            copies[name] = values
+        return copies
 
     def _to_host(self, name: str, grad: torch.Tensor) -> None:
         """The gradient to pinned host memory, then to the engine (host mode) or ZeRO. On a GPU
@@ -582,6 +612,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._hooks, self._fetch_hooks = [], []
         self.flush()
         (self._zero or self._engine).close()
+        if self._unregister is not None:
+            self._unregister()
         self._closed = True
 
 
@@ -600,6 +632,12 @@ def _run_name(world: int, rank: int) -> str:
     if world > 1:
         torch.distributed.broadcast_object_list(name, src=0)
     return str(name[0])
+
+
+def _unregister(block: torch.Tensor) -> None:
+    """Unpins a block _host_copies registered, once no copy reads it."""
+    torch.cuda.synchronize()
+    torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(block.data_ptr()))
 
 
 def _empty_like(t: torch.Tensor) -> torch.Tensor:

@@ -81,6 +81,9 @@ def test_parameter_offload_on_cuda_trains_as_the_resident_engine():
                                          "stage3_param_persistence_threshold": 100,
                                          "stage3_prefetch_bucket_size": 3000}))
     assert opt_r.engine.on_gpu and not opt_o.engine.on_gpu
+    # One registered block of the exact size, page-locked (fast, asynchronous copies).
+    assert opt_o._unregister is not None
+    assert all(v.is_pinned() for v in opt_o._host_values.values())
     for (tokens,) in data:
         losses = []
         for model, opt in ((resident, opt_r), (offloaded, opt_o)):
