@@ -10,8 +10,12 @@
 #             $LAYERS layers (default 32), $ACCUM micro-batches (default 1), JSON, table
 #             and plots into OUTDIR/ft7b; TRACE=1: each zoffload system's timeline too, and
 #             its summary (tools/trace_overlap.py).
+#   scale     the largest model each $SYSTEMS (default zoffload:none:int8:params, the
+#             parameters offloaded) trains under the 24 GiB cap: bench/finetune_7b.py at each
+#             of $SCALE_LAYERS (default 40 48 56 60) layers, 4 steps, up to the first failure;
+#             JSON into OUTDIR/scale_L<layers>.
 # Output and JSON into OUTDIR.
-#   tools/gpu/run-gpu-tests.sh tools/gpu/engine-run.sh OUTDIR [memcheck] [python] [1g] [7b] [finetune]
+#   tools/gpu/run-gpu-tests.sh tools/gpu/engine-run.sh OUTDIR [memcheck] [python] [1g] [7b] [finetune] [scale]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?output directory}
@@ -83,4 +87,13 @@ if [[ $parts == *finetune* ]]; then
     --accumulation "${ACCUM:-1}" --timeout "${SYSTEM_TIMEOUT:-240}" --out "$out/ft7b" \
     ${TRACE:+--trace} 2>&1 | grep -v "^  .* step [3-9]"
   for t in "$out"/ft7b/*_trace.json; do [ -e "$t" ] && python3 tools/trace_overlap.py "$t" | tail -12; done
+fi
+if [[ $parts == *scale* ]]; then
+  for layers in ${SCALE_LAYERS:-40 48 56 60}; do
+    echo "== scale: ${layers} layers (${SYSTEMS:-zoffload:none:int8:params})"
+    PYTHONPATH=$PWD/build-gpu/python:$PWD/.whl/site python3 bench/finetune_7b.py \
+      --systems "${SYSTEMS:-zoffload:none:int8:params}" --layers "$layers" --steps 4 \
+      --timeout "${SYSTEM_TIMEOUT:-300}" --out "$out/scale_L$layers" 2>&1 | grep -E "^\||FAILED"
+    grep -q '"failed": true' "$out/scale_L$layers/finetune_7b.json" 2>/dev/null && break
+  done
 fi
