@@ -98,14 +98,21 @@ Result<std::unique_ptr<HostComm>> HostComm::Create(const Options& o) {
                                          o.world, "; rank 0 has ", h.world.load()));
     }
   }
-  // Everyone is attached before anyone goes on (rank 0 may remove the name after this).
+  // Everyone is attached before anyone goes on. Then rank 0 removes the name: a run killed
+  // later leaves nothing in /dev/shm, and a relaunch under the same name (torchrun restarts
+  // keep it) cannot attach to this run's segment.
   ZO_RETURN_IF_ERROR(comm->Barrier().WithContext("host communicator: joining"));
+  if (o.rank == 0) {
+    ::shm_unlink(path.c_str());
+    comm->named_ = false;
+  }
   return comm;
 }
 
 HostComm::~HostComm() {
   if (map_ != nullptr) ::munmap(map_, map_bytes_);
-  if (options_.rank == 0) ::shm_unlink(("/" + options_.name).c_str());
+  // Rank 0 failed before everyone joined: the name is still there.
+  if (options_.rank == 0 && named_) ::shm_unlink(("/" + options_.name).c_str());
 }
 
 std::byte* HostComm::region(int rank) const {

@@ -3,12 +3,12 @@
 // segment — the CPU backend next to NCCL (as gloo is for torch), so the partition, bucketing and
 // overlap logic runs with world sizes 2-8 on a machine without GPUs.
 //
-// The segment (/dev/shm/<name>, created by rank 0, which removes it when done; the name must
-// be unique per run) holds a header and one region of `region_bytes` per rank. A collective
-// goes through in chunks that fit the regions: each rank writes its chunk into its own region,
-// all meet at a barrier, each reads what it needs from every region, all meet again.
-// Reductions add the ranks' values in rank order (0, 1, ..., N-1), from rank 0's value, on every
-// rank, so every rank gets the same bits, run after run.
+// The segment (/dev/shm/<name>, created by rank 0, which removes the name as soon as every rank
+// has joined; the name must be unique among the runs going on) holds a header and one region of
+// `region_bytes` per rank. A collective goes through in chunks that fit the regions: each rank
+// writes its chunk into its own region, all meet at a barrier, each reads what it needs from every
+// region, all meet again. Reductions add the ranks' values in rank order (0, 1, ..., N-1), from
+// rank 0's value, on every rank, so every rank gets the same bits, run after run.
 //
 // Failure: a barrier waits at most `timeout`; then the waiting rank marks the communicator
 // aborted (the others see it at once) and returns an error naming the ranks that never
@@ -59,6 +59,7 @@ class HostComm final : public Communicator {
   size_t map_bytes_ = 0;
   Header* header_ = nullptr;
   uint64_t barriers_ = 0;  // this rank's barriers so far
+  bool named_ = true;      // rank 0: the segment's name still exists
   Status broken_;
 };
 
