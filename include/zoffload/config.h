@@ -159,6 +159,8 @@ struct ZoffloadSection {
   std::string trace_path;            ///< when non-empty, a Chrome trace-event JSON is written here
   Overlap overlap = Overlap::kNone;  ///< "none", "backward" or "delayed"
   int delayed_warmup_steps = 0;      ///< with overlap "delayed": the first steps run exact; >= 0
+  /// ZeRO across ranks: how long a collective waits for the other ranks; > 0
+  double comm_timeout_seconds = 300.0;
   bool operator==(const ZoffloadSection&) const = default;
 };
 

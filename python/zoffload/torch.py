@@ -176,7 +176,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._fetch_hooks: List[Any] = []
         if world > 1:
             self._zero = _zoffload.Zero(
-                self._config_json, spec, hypers, _run_name(world, rank), rank, world
+                self._config_json, spec, hypers, _run_name(world, rank), rank, world,
+                cfg["zoffload"]["comm_timeout_seconds"]
             )
             if zc["stage"] == 3:  # read at creation only: the partitions hold them now
                 self._host_values = {}

@@ -168,6 +168,7 @@ void VisitStruct(V& v, ZoffloadSection& c) {
   v.Field("trace_path", c.trace_path);
   v.Field("overlap", c.overlap);
   v.Field("delayed_warmup_steps", c.delayed_warmup_steps);
+  v.Field("comm_timeout_seconds", c.comm_timeout_seconds);
 }
 template <typename V>
 void VisitStruct(V& v, Config& c) {
@@ -678,6 +679,7 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
                   "overlap \"none\" or \"backward\"");
   }
   check.NonNegative(c.zoffload.delayed_warmup_steps, "zoffload.delayed_warmup_steps");
+  check.Positive(c.zoffload.comm_timeout_seconds, "zoffload.comm_timeout_seconds");
 
   check.Require(!(c.fp16.enabled && c.bf16.enabled), "fp16.enabled",
                 "fp16 and bf16 cannot both be enabled");

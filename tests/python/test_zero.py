@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -201,3 +202,22 @@ def test_parameter_offload_trains_a_transformers_llama_as_the_engine():
     assert got == want and got[-1] < got[0]
     for name, values in want_params.items():
         assert torch.equal(got_params[name], values), name
+
+
+def test_a_rank_that_dies_is_a_clear_error_not_a_hang(tmp_path):
+    """Rank 2 of 3 exits in step 3; ranks 0 and 1 raise a zoffload error naming it (or saying
+    another rank gave up) within zoffload.comm_timeout_seconds (2 s here), never hang."""
+    port = free_port()
+    procs = []
+    start = time.monotonic()
+    for rank in range(3):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="3", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), ZERO_TEST_DIE_AT_STEP="3")
+        procs.append(subprocess.Popen([sys.executable, WORKER, str(tmp_path / "dead"), "2", "1"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [3, 3, 0], outputs
+    for out in outputs[:2]:
+        assert "rank(s) 2 did not reach barrier" in out or "another rank gave up" in out, out
+    assert time.monotonic() - start < 90

@@ -45,6 +45,11 @@ def main() -> None:
                               "offload_optimizer": {"device": "cpu"}},
         "zoffload": {"cpu_adam_threads": 1},
     }
+    # ZERO_TEST_DIE_AT_STEP=s: the last rank exits in step s's backward; the others must fail
+    # within the (short) timeout, naming it, and exit 3.
+    die_at = int(os.environ.get("ZERO_TEST_DIE_AT_STEP", "-1"))
+    if die_at >= 0:
+        config["zoffload"]["comm_timeout_seconds"] = 2
     if stage == 3:
         config["zero_optimization"]["offload_param"] = {"device": "cpu"}
     opt = zt.OffloadOptimizer(model.named_parameters(), config=config, model=model)
@@ -53,10 +58,18 @@ def main() -> None:
     for step in range(STEPS):
         for a in range(accumulation):
             x, y = (t.to(device) for t in data(step, rank * accumulation + a))
+            if step == die_at and rank == world - 1:
+                os._exit(0)
             loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
+            try:
+                loss.backward()
+                opt.step()
+            except zoffload.Error as e:
+                if step != die_at:
+                    raise
+                print(f"rank {rank}: {e}", flush=True)
+                os._exit(3)
             losses.append(loss.item())
-        opt.step()
         if stage == 3:  # between steps the model holds only the persistent parameters
             for name, p in model.named_parameters():
                 small = opt.parameter_values(name).numel() < persist
