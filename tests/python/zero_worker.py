@@ -56,20 +56,20 @@ def main() -> None:
     assert (opt.zero is not None) == (world > 1), "ZeRO used where it should not be (or not)"
     losses = []
     for step in range(STEPS):
-        for a in range(accumulation):
-            x, y = (t.to(device) for t in data(step, rank * accumulation + a))
-            if step == die_at and rank == world - 1:
-                os._exit(0)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            try:
+        try:
+            for a in range(accumulation):
+                x, y = (t.to(device) for t in data(step, rank * accumulation + a))
+                if step == die_at and rank == world - 1:
+                    os._exit(0)
+                loss = torch.nn.functional.mse_loss(model(x), y)
                 loss.backward()
-                opt.step()
-            except zoffload.Error as e:
-                if step != die_at:
-                    raise
-                print(f"rank {rank}: {e}", flush=True)
-                os._exit(3)
-            losses.append(loss.item())
+                losses.append(loss.item())
+            opt.step()
+        except zoffload.Error as e:
+            if step != die_at:
+                raise
+            print(f"rank {rank}: {e}", flush=True)
+            os._exit(3)
         if stage == 3:  # between steps the model holds only the persistent parameters
             for name, p in model.named_parameters():
                 small = opt.parameter_values(name).numel() < persist
