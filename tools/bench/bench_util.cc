@@ -247,11 +247,6 @@ void RemoveDebris(const std::string& parent) {
   }
 }
 
-void Register(const std::string& path) {
-  std::lock_guard<std::mutex> lock(g_scratch_mu);
-  ScratchPaths().insert(path);
-}
-
 }  // namespace
 
 Scratch::~Scratch() {
@@ -262,31 +257,35 @@ Scratch::~Scratch() {
   }
 }
 
+Result<std::string> Scratch::MakeDir(const std::string& parent, std::string_view profile) {
+  RemoveDebris(parent);
+  std::string tmpl = StrCat(parent, "/", ScratchStem(profile, ::getpid()), "-XXXXXX");
+  {
+    // Made and registered under one lock, so a stop signal never misses a directory.
+    std::lock_guard<std::mutex> lock(g_scratch_mu);
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      return Status(StatusCode::kPermissionDenied,
+                    StrCat(profile, ": cannot create a directory in ", parent), errno);
+    }
+    ScratchPaths().insert(tmpl);
+  }
+  owned_.push_back(tmpl);
+  return tmpl;
+}
+
 Status Scratch::MakeDirs(const std::vector<std::string>& parents, std::string_view profile) {
   for (const std::string& parent : parents) {
-    RemoveDebris(parent);
-    std::string tmpl = StrCat(parent, "/", ScratchStem(profile, ::getpid()), "-XXXXXX");
-    {
-      // Made and registered under one lock, so a stop signal never misses a directory.
-      std::lock_guard<std::mutex> lock(g_scratch_mu);
-      if (::mkdtemp(tmpl.data()) == nullptr) {
-        return Status(StatusCode::kPermissionDenied,
-                      StrCat(profile, ": cannot create a directory in ", parent), errno);
-      }
-      ScratchPaths().insert(tmpl);
-    }
-    owned_.push_back(tmpl);
-    dirs_.push_back(tmpl);
+    ZO_ASSIGN_OR_RETURN(std::string dir, MakeDir(parent, profile));
+    dirs_.push_back(std::move(dir));
   }
   return Status::Ok();
 }
 
-std::string Scratch::AddFile(const std::string& parent, std::string_view profile) {
-  RemoveDebris(parent);
-  std::string path = StrCat(parent, "/", ScratchStem(profile, ::getpid()), ".tmp");
-  Register(path);
-  owned_.push_back(path);
-  return path;
+Result<std::string> Scratch::AddFile(const std::string& parent, std::string_view profile) {
+  // In a directory of its own: once a stop signal has removed the directory, a thread still
+  // measuring cannot create the file again.
+  ZO_ASSIGN_OR_RETURN(std::string dir, MakeDir(parent, profile));
+  return StrCat(dir, "/data");
 }
 
 void CatchStopSignals() {

@@ -55,9 +55,9 @@ class Progress {
 };
 
 /// What a run writes only to measure with: directories and files named after the process
-/// ("zoffload-<profile>-<pid>-XXXXXX", "zoffload-<profile>-<pid>.tmp"). They are removed however
-/// the run ends: when this goes away, on SIGINT/SIGTERM/SIGHUP (see CatchStopSignals), and after a
-/// SIGKILL, which nothing can catch, by the next run that makes scratch in the same parent
+/// ("zoffload-<profile>-<pid>-XXXXXX"; older versions also left "...-<pid>.tmp"). They are removed
+/// however the run ends: when this goes away, on SIGINT/SIGTERM/SIGHUP (see CatchStopSignals), and
+/// after a SIGKILL, which nothing can catch, by the next run that makes scratch in the same parent
 /// directory (it removes what a process no longer running left there, and says so).
 /// Removal frees the space at once: each file is truncated and synced before it is unlinked.
 class Scratch {
@@ -68,13 +68,15 @@ class Scratch {
   Scratch& operator=(const Scratch&) = delete;
   /// Makes "<parent>/zoffload-<profile>-<pid>-XXXXXX" in each parent; the error names the parent.
   Status MakeDirs(const std::vector<std::string>& parents, std::string_view profile);
-  /// Names "<parent>/zoffload-<profile>-<pid>.tmp" for the caller to create, and owns it.
-  std::string AddFile(const std::string& parent, std::string_view profile);
+  /// Names a file for the caller to create, "<parent>/zoffload-<profile>-<pid>-XXXXXX/data",
+  /// and owns its directory; the error names the parent.
+  Result<std::string> AddFile(const std::string& parent, std::string_view profile);
   const std::vector<std::string>& dirs() const { return dirs_; }
 
  private:
+  Result<std::string> MakeDir(const std::string& parent, std::string_view profile);
   std::vector<std::string> dirs_;
-  std::vector<std::string> owned_;  // dirs_ and the files, as registered for the signal thread
+  std::vector<std::string> owned_;  // every directory made, as registered for the signal thread
 };
 
 /// Blocks SIGINT, SIGTERM and SIGHUP in this thread and every thread it starts later, and starts

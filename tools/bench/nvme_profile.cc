@@ -101,8 +101,10 @@ Result<std::vector<NvmeRecord>> RunNvmeBench(const NvmeBenchOptions& o) {
                       ENOSPC);
       }
     }
-    const std::string path =
-        o.file.empty() ? scratch.AddFile(dir, "nvme") : StrCat(dir, "/", o.file);
+    std::string path = StrCat(dir, "/", o.file);
+    if (o.file.empty()) {
+      ZO_ASSIGN_OR_RETURN(path, scratch.AddFile(dir, "nvme"));
+    }
     if (!o.file.empty() && !o.overwrite && ::stat(path.c_str(), &st) == 0) {
       return Status(StatusCode::kAlreadyExists,
                     StrCat("nvme: --file ", path,
