@@ -387,12 +387,25 @@ Status ZeroOptimizer::SetGroup(int index, const ParamGroup& group) {
 
 Status ZeroOptimizer::GatherTensor(const Param& p, const std::byte* partition, uint64_t element,
                                    void* out) {
-  std::vector<std::byte> bucket;
+  std::vector<std::byte> gathered;
   for (const auto& [b, s] : p.places) {
-    bucket.resize(plan_.buckets()[b].padded * element);
-    ZO_RETURN_IF_ERROR(GatherBucket(b, partition, element, bucket.data()));
+    const uint64_t slice = plan_.slice(b);
+    const uint64_t owner = s.offset / slice;
+    if ((s.offset + s.n - 1) / slice == owner) {
+      // Within one rank's slice: every rank sends that window of its slice (the owner's is the
+      // one wanted), world x the span instead of the whole bucket.
+      const uint64_t at = bucket_offset_[b] + s.offset - owner * slice;
+      gathered.resize(static_cast<uint64_t>(comm_.world()) * s.n * element);
+      ZO_RETURN_IF_ERROR(comm_.AllGather(partition + at * element, gathered.data(), s.n * element)
+                             .WithContext(StrCat("ZeRO: all-gather in bucket ", b)));
+      std::memcpy(static_cast<std::byte*>(out) + s.first * element,
+                  gathered.data() + owner * s.n * element, s.n * element);
+      continue;
+    }
+    gathered.resize(plan_.buckets()[b].padded * element);
+    ZO_RETURN_IF_ERROR(GatherBucket(b, partition, element, gathered.data()));
     std::memcpy(static_cast<std::byte*>(out) + s.first * element,
-                bucket.data() + s.offset * element, s.n * element);
+                gathered.data() + s.offset * element, s.n * element);
   }
   return Status::Ok();
 }
