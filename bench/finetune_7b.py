@@ -16,10 +16,11 @@ Systems (--systems, comma-separated; default: all):
                  no fp32 master (labelled so: not lossless)
   deepspeed_z2   DeepSpeed ZeRO-2 + offload_optimizer cpu (pin_memory, overlap_comm)
   deepspeed_z3   DeepSpeed ZeRO-3 + offload_param/offload_optimizer cpu, zero.Init
-  zoffload:OVERLAP:STATE[:tN][:params]   e.g. zoffload:none:fp32, zoffload:delayed:bf16; tN: N
-                 CPU Adam threads (default: all cores, one fewer with overlap); params: stage 3
-                 with offload_param cpu (the parameters in host memory, fetched per module:
-                 models bigger than the GPU)
+  zoffload:OVERLAP:STATE[:tN][:params[:nopf]]   e.g. zoffload:none:fp32, zoffload:delayed:bf16;
+                 tN: N CPU Adam threads (default: all cores, one fewer with overlap); params:
+                 stage 3 with offload_param cpu (the parameters in host memory, fetched per
+                 module: models bigger than the GPU); nopf: without prefetch (each module's
+                 copy starts at its use: the fetch time that prefetch hides)
 A system that fails (out of memory, killed, import error) is a result: its exit status and
 the last lines it printed are recorded.
 
@@ -186,6 +187,7 @@ def run_zoffload(args, name):
     # core is left to it.
     _, args.overlap, args.state, *rest = name.split(":")
     args.offload_param = "params" in rest
+    args.prefetch_elements = 0 if "nopf" in rest else None
     threads = [r for r in rest if r.startswith("t")]
     if threads:
         args.threads = int(threads[0].lstrip("t"))

@@ -156,6 +156,8 @@ def zoffload_config(args):
             "offload_optimizer": {"device": "cpu", "pin_memory": True}}
     if getattr(args, "offload_param", False):
         zero.update(stage=3, offload_param={"device": "cpu", "pin_memory": True})
+        if getattr(args, "prefetch_elements", None) is not None:
+            zero["stage3_prefetch_bucket_size"] = args.prefetch_elements
     return {
         "gradient_accumulation_steps": args.accumulation,
         "bf16": {"enabled": True},

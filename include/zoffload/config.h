@@ -122,7 +122,7 @@ struct ZeroConfig {
   int64_t allgather_bucket_size = 500000000;  ///< elements per all-gather bucket; > 0
   OffloadOptimizerConfig offload_optimizer;
   OffloadParamConfig offload_param;
-  int64_t stage3_prefetch_bucket_size = 50000000;       ///< elements prefetched ahead; > 0
+  int64_t stage3_prefetch_bucket_size = 50000000;       ///< elements prefetched ahead; 0: none
   int64_t stage3_param_persistence_threshold = 100000;  ///< smaller params stay resident; >= 0
   int64_t stage3_max_live_parameters = 1000000000;      ///< elements resident at once; > 0
   int64_t stage3_max_reuse_distance = 1000000000;       ///< elements; >= 0

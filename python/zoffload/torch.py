@@ -367,6 +367,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._order.append((key, own))
             return
         at = self._cursor
+        if self._prefetch_elements == 0:  # prefetching off: each copy starts at its use
+            return
         if at >= len(self._order) or self._order[at][0] != key:
             # The model ran otherwise than in the first step: no prefetch this step.
             self._prefetched.clear()
@@ -403,6 +405,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Parameter `name`'s current values, on the device of the (empty) parameter `p`: the
         model may be moved (model.to) after the optimizer took its parameters."""
         if self._zero is not None:
+            # A gather is collective, and so is a hand-over that fills a gradient bucket: hand
+            # over every gradient of this rank first, so that all ranks call them in one order
+            # (the copies land at different times on each).
+            self._hand_over(wait=True)
             values = torch.empty(self._shapes[name], dtype=p.dtype, pin_memory=p.is_cuda)
             self._zero.gather(name, values.view(-1))
             return values.to(p.device, non_blocking=True)

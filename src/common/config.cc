@@ -696,7 +696,7 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
                 StrCat("must be 0, 1, 2 or 3, got ", z.stage));
   check.Positive(z.reduce_bucket_size, "zero_optimization.reduce_bucket_size");
   check.Positive(z.allgather_bucket_size, "zero_optimization.allgather_bucket_size");
-  check.Positive(z.stage3_prefetch_bucket_size, "zero_optimization.stage3_prefetch_bucket_size");
+  check.NonNegative(z.stage3_prefetch_bucket_size, "zero_optimization.stage3_prefetch_bucket_size");
   check.NonNegative(z.stage3_param_persistence_threshold,
                     "zero_optimization.stage3_param_persistence_threshold");
   check.Positive(z.stage3_max_live_parameters, "zero_optimization.stage3_max_live_parameters");

@@ -21,6 +21,24 @@ namespace {
 constexpr uint32_t kMagic = 0x7a6f4843;  // "zoHC": rank 0 finished setting the header up
 constexpr int kMaxWorld = 1024;
 
+// A collective's kind, in the top bits of its call word (the size below them).
+enum Kind : uint64_t { kAllReduce = 1, kReduceScatter = 2, kAllGather = 3 };
+constexpr int kKindShift = 60;
+
+std::string DescribeCall(uint64_t call) {
+  const uint64_t size = call & ((uint64_t{1} << kKindShift) - 1);
+  switch (call >> kKindShift) {
+    case kAllReduce:
+      return StrCat("an all-reduce of ", size, " floats");
+    case kReduceScatter:
+      return StrCat("a reduce-scatter of ", size, " floats per rank");
+    case kAllGather:
+      return StrCat("an all-gather of ", size, " bytes per rank");
+    default:
+      return "no collective";
+  }
+}
+
 }  // namespace
 
 struct HostComm::Header {
@@ -30,6 +48,7 @@ struct HostComm::Header {
   std::atomic<uint32_t> count;               // ranks at the current barrier
   std::atomic<uint64_t> generation;          // barriers completed
   std::atomic<uint64_t> arrived[kMaxWorld];  // each rank's barriers reached
+  std::atomic<uint64_t> call[kMaxWorld];     // each rank's current collective (Kind, size)
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free");
@@ -167,6 +186,31 @@ Status HostComm::Barrier() {
   return Status::Ok();
 }
 
+Status HostComm::Begin(uint64_t kind, uint64_t size) {
+  header_->call[options_.rank].store(kind << kKindShift | size, std::memory_order_release);
+  return Barrier();
+}
+
+// Every rank's call word was stored before the barrier just passed, and none changes before
+// the next one: ranks that called different collectives (a bug in the caller's order) all see
+// it, and fail instead of mixing each other's data.
+Status HostComm::CheckSameCall() {
+  const uint64_t mine = header_->call[options_.rank].load(std::memory_order_acquire);
+  for (int q = 0; q < options_.world; ++q) {
+    const uint64_t theirs = header_->call[q].load(std::memory_order_acquire);
+    if (theirs != mine) {
+      broken_ = Status(StatusCode::kInternal,
+                       StrCat("host communicator '", options_.name, "': rank ", options_.rank,
+                              " called ", DescribeCall(mine), ", rank ", q, " ",
+                              DescribeCall(theirs),
+                              ": every rank must call the same collectives in the same order; "
+                              "this run cannot go on"));
+      return broken_;
+    }
+  }
+  return Status::Ok();
+}
+
 // out[i] = region 0's [at + i], then region 1's added, ... (rank order), i < n: one pass per
 // rank, each a loop the compiler vectorizes.
 void HostComm::AddInRankOrder(uint64_t at, uint64_t n, float* out) const {
@@ -183,7 +227,8 @@ Status HostComm::AllReduceSum(float* data, uint64_t n) {
   for (uint64_t first = 0; first < n; first += chunk) {
     const uint64_t len = std::min(chunk, n - first);
     std::memcpy(mine, data + first, len * 4);
-    ZO_RETURN_IF_ERROR(Barrier());
+    ZO_RETURN_IF_ERROR(first == 0 ? Begin(kAllReduce, n) : Barrier());
+    if (first == 0) ZO_RETURN_IF_ERROR(CheckSameCall());
     AddInRankOrder(0, len, data + first);
     ZO_RETURN_IF_ERROR(Barrier());
   }
@@ -199,7 +244,8 @@ Status HostComm::ReduceScatterSum(const float* send, float* recv, uint64_t count
     const uint64_t len = std::min(chunk, count - first);
     for (uint64_t k = 0; k < world; ++k)
       std::memcpy(mine + k * len, send + k * count + first, len * 4);
-    ZO_RETURN_IF_ERROR(Barrier());
+    ZO_RETURN_IF_ERROR(first == 0 ? Begin(kReduceScatter, count) : Barrier());
+    if (first == 0) ZO_RETURN_IF_ERROR(CheckSameCall());
     AddInRankOrder(me * len, len, recv + first);
     ZO_RETURN_IF_ERROR(Barrier());
   }
@@ -213,7 +259,8 @@ Status HostComm::AllGather(const void* send, void* recv, uint64_t bytes) {
   for (uint64_t first = 0; first < bytes; first += chunk) {
     const uint64_t len = std::min(chunk, bytes - first);
     std::memcpy(region(options_.rank), in + first, len);
-    ZO_RETURN_IF_ERROR(Barrier());
+    ZO_RETURN_IF_ERROR(first == 0 ? Begin(kAllGather, bytes) : Barrier());
+    if (first == 0) ZO_RETURN_IF_ERROR(CheckSameCall());
     for (int q = 0; q < options_.world; ++q) {
       std::memcpy(out + static_cast<uint64_t>(q) * bytes + first, region(q), len);
     }

@@ -12,7 +12,9 @@
 //
 // Failure: a barrier waits at most `timeout`; then the waiting rank marks the communicator
 // aborted (the others see it at once) and returns an error naming the ranks that never
-// arrived (a rank that died mid-step). After that every call fails; nothing hangs.
+// arrived (a rank that died mid-step). After that every call fails; nothing hangs. Ranks that
+// call different collectives (kind or size) all fail with an error naming both calls, instead
+// of mixing each other's data.
 #pragma once
 
 #include <chrono>
@@ -53,6 +55,10 @@ class HostComm final : public Communicator {
   std::byte* region(int rank) const;
   void AddInRankOrder(uint64_t at, uint64_t n, float* out) const;
   Status Broken() const;
+  /// Stores this rank's call word (a collective's kind and size), then meets the others.
+  Status Begin(uint64_t kind, uint64_t size);
+  /// After Begin: an error naming both calls when another rank's call word differs.
+  Status CheckSameCall();
 
   Options options_;
   void* map_ = nullptr;

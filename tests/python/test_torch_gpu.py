@@ -92,8 +92,9 @@ def test_parameter_offload_on_cuda_trains_as_the_resident_engine():
             losses.append(loss.item())
             opt.step()
         assert losses[0] == losses[1]
-        for p in offloaded.parameters():  # the LayerNorm and biases (< 100) stay
-            assert p.is_cuda and (p.numel() == 0) == (p.dim() == 2), p.shape
+        # The LayerNorm and biases (< 100 elements) stay; the weights are empty between uses.
+        for p, q in zip(offloaded.parameters(), resident.parameters()):
+            assert p.is_cuda and (p.numel() == 0) == (q.numel() >= 100), q.shape
     for name, p in resident.named_parameters():
         assert torch.equal(opt_o.parameter_values(name), p.detach()), name
     opt_r.close()

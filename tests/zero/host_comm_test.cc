@@ -102,6 +102,38 @@ TEST(HostCommTest, ADeadRankIsAClearErrorNotAHang) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
+// Rank 1 calls a reduce-scatter where ranks 0 and 2 all-gather (or gathers another size): every
+// rank fails naming both calls, and stays failed; no rank takes another's data as its own.
+TEST(HostCommTest, RanksCallingDifferentCollectivesAllFailNamingThem) {
+  for (const bool other_size : {false, true}) {
+    const std::string name =
+        StrCat("zoffload-test-", ::getpid(), "-mismatch", static_cast<int>(other_size));
+    const std::vector<int> codes = RunRanks(3, [&](int r) {
+      HostComm::Options o = Options(name, r, 3);
+      o.timeout = std::chrono::milliseconds(2000);
+      auto comm = HostComm::Create(o);
+      if (!comm.ok()) return 1;
+      std::vector<float> send(3 * 8, 1.0f), recv(3 * 8, -1.0f);
+      Status s;
+      if (r == 1 && !other_size) {
+        s = (*comm)->ReduceScatterSum(send.data(), recv.data(), 8);
+      } else {
+        s = (*comm)->AllGather(send.data(), recv.data(), r == 1 ? 16 : 32);
+      }
+      if (s.ok()) return 2;
+      const std::string want = other_size ? "an all-gather of 16 bytes per rank"
+                                          : "a reduce-scatter of 8 floats per rank";
+      if (s.message().find(want) == std::string::npos ||
+          s.message().find("same collectives in the same order") == std::string::npos) {
+        return 3;
+      }
+      if (recv[8] != -1.0f) return 4;  // nothing read from the other regions
+      return (*comm)->Barrier().ok() ? 5 : 0;
+    });
+    EXPECT_EQ(codes, (std::vector<int>{0, 0, 0})) << "other size: " << other_size;
+  }
+}
+
 TEST(HostCommTest, BadOptionsAreAClearError) {
   const std::string name = StrCat("zoffload-test-", ::getpid(), "-bad");
   HostComm::Options o = Options(name, 3, 2);
