@@ -140,6 +140,12 @@ Status NcclComm::AllGather(const void* send, void* recv, size_t send_count, DTyp
   return Status::Ok();
 }
 
+Status NcclComm::AllGatherBytes(const void* send, void* recv, size_t bytes,
+                                cudaStream_t stream) {
+  ZO_NCCL_RETURN_IF_ERROR(ncclAllGather(send, recv, bytes, ncclInt8, comm_, stream));
+  return Status::Ok();
+}
+
 Status NcclComm::Broadcast(const void* send, void* recv, size_t count, DType dtype, int root,
                            cudaStream_t stream) {
   ZO_NCCL_RETURN_IF_ERROR(ncclBroadcast(send, recv, count, NcclType(dtype), root, comm_, stream));
@@ -154,6 +160,14 @@ Status NcclComm::CheckAsyncError() {
     return NcclStatus(async, "ncclCommGetAsyncError", __FILE__, __LINE__);
   }
   return Status::Ok();
+}
+
+void NcclComm::Abort() {
+  if (comm_ == nullptr) return;
+  const ncclResult_t res = ncclCommAbort(std::exchange(comm_, nullptr));
+  if (res != ncclSuccess) {
+    Log(LogLevel::kWarning, StrCat("NCCL communicator abort: ", ncclGetErrorString(res)));
+  }
 }
 
 }  // namespace zoffload::internal

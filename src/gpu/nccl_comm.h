@@ -63,11 +63,15 @@ class NcclComm {
   /// recv (send_count * world_size) = every rank's send, in rank order.
   Status AllGather(const void* send, void* recv, size_t send_count, DType dtype,
                    cudaStream_t stream);
+  /// recv (bytes * world_size) = every rank's `bytes` of send, in rank order.
+  Status AllGatherBytes(const void* send, void* recv, size_t bytes, cudaStream_t stream);
   Status Broadcast(const void* send, void* recv, size_t count, DType dtype, int root,
                    cudaStream_t stream);
 
   /// An asynchronous error of the communicator (e.g. a failed peer), or OK.
   Status CheckAsyncError();
+  /// Aborts the communicator now (its collectives in flight end); every later call fails.
+  void Abort();
 
  private:
   NcclComm(ncclComm_t comm, int world_size, int rank)

@@ -4,30 +4,40 @@
 // on, uneven partitions (4 tensors of 91, 13, 13 and 1 elements; 8 ranks; ranks that own
 // nothing) and buckets that cut tensors. World size 1 equals the OffloadEngine (host mode). A
 // rank that dies mid-step makes the others fail, naming it, within the timeout. Bad calls get
-// clear errors.
+// clear errors. Over NCCL (ZeroNcclTest, gpu-labelled): world size 1 equals the engine, and two
+// GPUs give the bits of one (skipped, saying what they need, where the GPUs are missing).
 //
-// Every run is in child processes: the parent never starts OpenMP, which a forked child could
-// not use.
+// Every run is in child processes: the parent never starts OpenMP (or CUDA), which a forked
+// child could not use.
 #include "zero/zero_optimizer.h"
 
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "build_info.h"
 #include "common/strings.h"
 #include "engine/param_math.h"
 #include "test_util.h"
 #include "zero/host_comm.h"
 #include "zero/ranks.h"
 #include "zoffload/engine.h"
+#if ZO_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "zero/nccl_communicator.h"
+#endif
 
 namespace zoffload::internal::zero {
 namespace {
@@ -105,7 +115,8 @@ std::vector<std::vector<std::byte>> InitialValues(DType dtype) {
 
 // How one rank trains: its world, the stage, and what the config sets.
 struct RankRun {
-  std::string segment;  // the HostComm segment
+  std::string segment;  // the HostComm segment; with `nccl`, the file of the NCCL unique id
+  bool nccl = false;    // NcclCommunicator, rank r on GPU r, instead of HostComm
   int world = 1, stage = 1;
   int accumulation = 1;  // micro-batches per rank and step
   DType dtype = DType::kFp32;
@@ -177,6 +188,55 @@ Record ReadRecord(const std::string& path) {
   return r;
 }
 
+#if ZO_HAVE_CUDA
+// Rank `rank`'s NCCL communicator on GPU `rank`: rank 0 writes the unique id to run.segment
+// (whole, by a rename), the others wait for it.
+Result<std::unique_ptr<Communicator>> MakeNcclComm(const RankRun& run, int rank) {
+  if (const cudaError_t e = cudaSetDevice(rank); e != cudaSuccess) {
+    return Status(StatusCode::kUnavailable, StrCat("GPU ", rank, ": ", cudaGetErrorString(e)));
+  }
+  std::string hex;
+  if (rank == 0) {
+    ZO_ASSIGN_OR_RETURN(NcclUniqueId id, NcclUniqueId::Create());
+    hex = id.ToHex();
+    std::ofstream(run.segment + ".tmp") << hex;
+    std::filesystem::rename(run.segment + ".tmp", run.segment);
+  } else {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!(std::ifstream(run.segment) >> hex)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Status(StatusCode::kUnavailable, "no NCCL unique id from rank 0 within 60 s");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  ZO_ASSIGN_OR_RETURN(NcclUniqueId id, NcclUniqueId::FromHex(hex));
+  ZO_ASSIGN_OR_RETURN(NcclComm nccl, NcclComm::Init(run.world, rank, id));
+  NcclCommunicator::Options o;
+  o.chunk_bytes = 64 * 4 * static_cast<uint64_t>(run.world);  // smaller than a bucket: chunks
+  ZO_ASSIGN_OR_RETURN(auto comm, NcclCommunicator::Create(std::move(nccl), o));
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+#endif
+
+Result<std::unique_ptr<Communicator>> MakeComm(const RankRun& run, int rank) {
+  if (run.nccl) {
+#if ZO_HAVE_CUDA
+    return MakeNcclComm(run, rank);
+#else
+    return Status(StatusCode::kUnimplemented, "built without CUDA: no NCCL");
+#endif
+  }
+  HostComm::Options co;
+  co.name = run.segment;
+  co.rank = rank;
+  co.world = run.world;
+  co.region_bytes = 256;  // smaller than a bucket: the collectives go in chunks
+  co.timeout = std::chrono::milliseconds(run.die_at_step >= 0 ? 1'000 : 30'000);
+  ZO_ASSIGN_OR_RETURN(auto comm, HostComm::Create(co));
+  return std::unique_ptr<Communicator>(std::move(comm));
+}
+
 // Trains kSteps steps as rank `rank` of run.world (each rank takes micro-batches
 // rank x accumulation ... of every step); writes the rank's losses to run.out + ".rank<r>" and
 // rank 0's whole record to run.out. Returns 0, or the exit code of a failure (its message on
@@ -188,13 +248,7 @@ int Train(const RankRun& run, int rank) {
     std::ofstream(StrCat(run.out, ".error", rank)) << s.ToString();
     return code;
   };
-  HostComm::Options co;
-  co.name = run.segment;
-  co.rank = rank;
-  co.world = run.world;
-  co.region_bytes = 256;  // smaller than a bucket: the collectives go in chunks
-  co.timeout = std::chrono::milliseconds(run.die_at_step >= 0 ? 1'000 : 30'000);
-  auto comm = HostComm::Create(co);
+  auto comm = MakeComm(run, rank);
   if (!comm.ok()) return fail(10, comm.status());
   auto config = ParseConfig(ConfigJson(run));
   if (!config.ok()) return fail(11, config.status());
@@ -288,42 +342,46 @@ class ZeroWorldTest : public ::testing::TestWithParam<Case> {};
 
 // World size N (one micro-batch per rank) against world size 1 taking the N micro-batches as
 // accumulation steps: the same bits, every stage.
-TEST_P(ZeroWorldTest, WorldSizesGiveTheBitsOfWorldSizeOne) {
-  const Case c = GetParam();
+// World size `world` (one micro-batch per rank; over NCCL with `nccl`) against world size 1
+// (HostComm) taking the micro-batches as accumulation steps: the same bits.
+void ExpectWorldGivesTheBitsOfOne(const Case& c, int world, bool nccl) {
   TempDir dir;
-  for (int world : {2, 4, 8}) {
-    RankRun ref;
-    ref.segment = SegmentName(StrCat("ref", world));
-    ref.stage = c.stage;
-    ref.accumulation = world;
-    ref.dtype = c.dtype;
-    ref.state = c.state;
-    ref.out = dir.File(StrCat("ref", world));
-    RankRun got = ref;
-    got.segment = SegmentName(StrCat("w", world));
-    got.world = world;
-    got.accumulation = 1;
-    got.out = dir.File(StrCat("got", world));
-    ASSERT_EQ(RunRanks(1, [&](int r) { return Train(ref, r); }), std::vector<int>{0});
-    ASSERT_EQ(RunRanks(world, [&](int r) { return Train(got, r); }), std::vector<int>(world, 0));
-    const Record want = ReadRecord(ref.out), have = ReadRecord(got.out);
-    ASSERT_EQ(want.losses.size(), static_cast<size_t>(kSteps * world));
-    EXPECT_EQ(have.norms, want.norms) << "world " << world;
-    EXPECT_EQ(have.clips, want.clips) << "world " << world;
-    EXPECT_TRUE(have.values == want.values) << "world " << world;
-    EXPECT_TRUE(have.masters == want.masters) << "world " << world;
-    // Every rank's losses are world 1's of the same micro-batches.
-    for (int r = 0; r < world; ++r) {
-      const Record rank = ReadRecord(StrCat(got.out, ".rank", r));
-      for (int step = 0; step < kSteps; ++step) {
-        EXPECT_EQ(rank.losses[step], want.losses[step * world + r])
-            << "world " << world << " rank " << r << " step " << step;
-      }
+  RankRun ref;
+  ref.segment = SegmentName(StrCat("ref", world));
+  ref.stage = c.stage;
+  ref.accumulation = world;
+  ref.dtype = c.dtype;
+  ref.state = c.state;
+  ref.out = dir.File(StrCat("ref", world));
+  RankRun got = ref;
+  got.segment = nccl ? dir.File("nccl_id") : SegmentName(StrCat("w", world));
+  got.nccl = nccl;
+  got.world = world;
+  got.accumulation = 1;
+  got.out = dir.File(StrCat("got", world));
+  ASSERT_EQ(RunRanks(1, [&](int r) { return Train(ref, r); }), std::vector<int>{0});
+  ASSERT_EQ(RunRanks(world, [&](int r) { return Train(got, r); }), std::vector<int>(world, 0));
+  const Record want = ReadRecord(ref.out), have = ReadRecord(got.out);
+  ASSERT_EQ(want.losses.size(), static_cast<size_t>(kSteps * world));
+  EXPECT_EQ(have.norms, want.norms) << "world " << world;
+  EXPECT_EQ(have.clips, want.clips) << "world " << world;
+  EXPECT_TRUE(have.values == want.values) << "world " << world;
+  EXPECT_TRUE(have.masters == want.masters) << "world " << world;
+  // Every rank's losses are world 1's of the same micro-batches.
+  for (int r = 0; r < world; ++r) {
+    const Record rank = ReadRecord(StrCat(got.out, ".rank", r));
+    for (int step = 0; step < kSteps; ++step) {
+      EXPECT_EQ(rank.losses[step], want.losses[step * world + r])
+          << "world " << world << " rank " << r << " step " << step;
     }
-    // Clipping was on for a part of the run, and training moved the loss.
-    EXPECT_LT(*std::min_element(want.clips.begin(), want.clips.end()), 1.0f);
-    EXPECT_LT(want.losses.back(), want.losses.front());
   }
+  // Clipping was on for a part of the run, and training moved the loss.
+  EXPECT_LT(*std::min_element(want.clips.begin(), want.clips.end()), 1.0f);
+  EXPECT_LT(want.losses.back(), want.losses.front());
+}
+
+TEST_P(ZeroWorldTest, WorldSizesGiveTheBitsOfWorldSizeOne) {
+  for (int world : {2, 4, 8}) ExpectWorldGivesTheBitsOfOne(GetParam(), world, false);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -383,11 +441,13 @@ TEST(ZeroOptimizerTest, ARankThatDiesIsAClearErrorNotAHang) {
 
 // World size 1 updates as the OffloadEngine does (host mode, no clipping: the engine's float64
 // norm and the exact one may differ in their last bits, which only clipping would see).
-TEST(ZeroOptimizerTest, WorldSizeOneEqualsTheEngine) {
+// ZeroOptimizer at world size 1 (over NCCL with `nccl`) against the OffloadEngine: the same bits.
+void ExpectWorldOneEqualsTheEngine(bool nccl) {
   TempDir dir;
   for (int stage : {1, 2, 3}) {
     RankRun zero;
-    zero.segment = SegmentName(StrCat("one", stage));
+    zero.segment = nccl ? dir.File(StrCat("nccl_id", stage)) : SegmentName(StrCat("one", stage));
+    zero.nccl = nccl;
     zero.stage = stage;
     zero.dtype = DType::kBf16;
     zero.state = "bf16";
@@ -436,6 +496,8 @@ TEST(ZeroOptimizerTest, WorldSizeOneEqualsTheEngine) {
     EXPECT_TRUE(have.masters == want.masters) << "stage " << stage;
   }
 }
+
+TEST(ZeroOptimizerTest, WorldSizeOneEqualsTheEngine) { ExpectWorldOneEqualsTheEngine(false); }
 
 // Save at world size 2 after 10 steps, load, train 10 more: the bits of 20 steps straight, at
 // every stage. The checkpoint is the OffloadEngine's format with whole parameters: world size 3
@@ -602,6 +664,34 @@ TEST(ZeroOptimizerTest, BadInputIsAClearError) {
     return failures;
   });
   EXPECT_EQ(code, std::vector<int>{0});
+}
+
+// Over NCCL (gpu-labelled): the GPUs are counted in a child process, as every run is, so that
+// this process never starts CUDA before forking.
+int GpusSeenByAChild() {
+#if ZO_HAVE_CUDA
+  return RunRanks(1, [](int) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? std::min(n, 100) : 0;
+  })[0];
+#else
+  return 0;
+#endif
+}
+
+TEST(ZeroNcclTest, WorldSizeOneEqualsTheEngine) {
+  if (GpusSeenByAChild() < 1) GTEST_SKIP() << "needs a GPU (NCCL), none usable here";
+  ExpectWorldOneEqualsTheEngine(true);
+}
+
+// Two GPUs: NCCL's sum of two values is a + b in either order, so the bits of world size 1.
+TEST(ZeroNcclTest, TwoGpusGiveTheBitsOfOne) {
+  const int gpus = GpusSeenByAChild();
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs (NCCL between them); this machine has " << gpus;
+  for (const Case c : {Case{1, DType::kFp32, "fp32"}, Case{2, DType::kBf16, "fp32"},
+                       Case{3, DType::kBf16, "bf16"}}) {
+    ExpectWorldGivesTheBitsOfOne(c, 2, true);
+  }
 }
 
 }  // namespace
