@@ -44,7 +44,8 @@ constexpr const char* kUsage =
     "                 machine's host memory; step times for one rank only)\n"
     "  --stage S      zero_optimization.stage 1, 2 (default) or 3; --offload-param: stage 3\n"
     "                 with the parameters in host memory, fetched per module (zoffload.torch with\n"
-    "                 model=; memory only: not measured yet)\n"
+    "                 model=; step time for overlap none with the state in host memory, from\n"
+    "                 the GPU's forward+backward, CPU Adam and PCIe speeds)\n"
     "  --bench-json   speeds: zoffload-bench adam/nvme/engine JSON, bench/finetune_7b.py JSON\n"
     "                 (its fwd_bwd system gives the GPU's forward+backward time)\n"
     "  --measure      measure CPU Adam (each state precision), the --nvme disks and PCIe (with\n"
@@ -247,7 +248,7 @@ int Main(int argc, char** argv) {
     w.bucket_elements = static_cast<uint64_t>(zero.reduce_bucket_size);
     w.stage = std::max(1, zero.stage);
     w.offload_param = zero.stage == 3 && zero.offload_param.device != OffloadDevice::kNone;
-    w.live_elements = static_cast<uint64_t>(zero.stage3_max_live_parameters);
+    w.prefetch_elements = static_cast<uint64_t>(zero.stage3_prefetch_bucket_size);
     const auto& oo = config->zero_optimization.offload_optimizer;
     if (oo.device != OffloadDevice::kCpu && oo.device != OffloadDevice::kNvme) {
       return Fail(StrCat(config_path,
@@ -419,10 +420,10 @@ int Main(int argc, char** argv) {
       std::printf(
           "(memory only: ZeRO across ranks is not measured yet; its ranks communicate "
           "through host memory, not NCCL)\n");
-    } else if (w.stage == 3) {
+    } else if (w.stage == 3 && best.e.step_seconds == 0) {
       std::printf(
-          "(memory only: stage 3 is not measured yet; its parameter offload runs "
-          "through zoffload.torch with model=)\n");
+          "(%s; stage 3 runs through zoffload.torch with model=)\n",
+          best.e.bound.c_str());
     }
     // Pinned buffers come from cudaHostAlloc; where the locked-memory limit applies to them,
     // pinning would fail above it.

@@ -44,6 +44,10 @@ void CountLlama(ModelShape& m) {
   m.tensors = 9 * m.layers + (m.tied ? 2 : 3);
 }
 
+uint64_t ModelShape::largest_module() const {
+  return std::max(vocab * hidden, hidden * intermediate);
+}
+
 ModelShape ModelOfParams(uint64_t params) {
   ModelShape m;
   m.name = StrCat(params, " parameters");
@@ -107,12 +111,14 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   const bool stage3 = w.stage == 3;
   // GPU, per rank.
   if (stage3) {
-    const uint64_t window = n > 1 || w.offload_param ? 2 * std::min(w.live_elements, p) : 0;
+    const uint64_t window =
+        n > 1 || w.offload_param ? 2 * std::min(m.largest_module() + w.prefetch_elements, p) : 0;
     e.gpu_params = (w.offload_param ? 0 : (2 * p + n - 1) / n) + window;
   } else {
     e.gpu_params = 2 * p;
   }
-  e.gpu_ring = std::min<uint64_t>(2 * 2 * w.bucket_elements, 2 * p);
+  const bool host_grads = n > 1 || (stage3 && w.offload_param);
+  e.gpu_ring = host_grads ? 0 : std::min<uint64_t>(2 * 2 * w.bucket_elements, 2 * p);
   if (m.hidden > 0) {
     const uint64_t bs = w.batch * w.sequence;
     const uint64_t logits = 10 * bs * m.vocab;
@@ -142,27 +148,51 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
     e.io_seconds = moved / (s.nvme_read_gbps * 1e9) + moved / (s.nvme_write_gbps * 1e9);
   }
   const bool io_known = on_nvme == 0 || e.io_seconds > 0;
-  if (n > 1 || stage3) {
-    e.bound = n > 1 ? "no step time: ZeRO across ranks is not measured yet"
-                    : "no step time: stage 3 is not measured yet";
-  } else if (w.accumulation > 1) {
-    // The worker's fp32 sums compete with the update for host memory bandwidth (7B, 4
-    // micro-batches, delayed: 0.59x no offload's speed, docs/PERF.md); not modelled yet.
-    e.bound = "no step time: accumulation > 1 is not modelled yet";
-  } else if (rate > 0 && s.fwd_bwd_seconds > 0 && io_known) {
-    const double f = s.fwd_bwd_seconds;
-    const double h = kHandOverSeconds * static_cast<double>(m.tensors);
+  // The measured forward+backward, scaled to this model (the same tokens per step).
+  const double f = s.fwd_bwd_params > 0 && p > 0 ? s.fwd_bwd_seconds * static_cast<double>(p) /
+                                                       static_cast<double>(s.fwd_bwd_params)
+                                                 : s.fwd_bwd_seconds;
+  const double h = kHandOverSeconds * static_cast<double>(m.tensors);
+  if (n > 1) {
+    e.bound = "no step time: ZeRO across ranks is not measured yet";
+  } else if (stage3 && (!w.offload_param || c.overlap != Overlap::kNone || on_nvme > 0 ||
+                        w.accumulation > 1)) {
+    e.bound = "no step time: of stage 3, only offload_param with overlap none, state in host "
+              "memory and accumulation 1 is measured";
+  } else if (stage3) {
+    if (rate > 0 && f > 0 && s.pcie_h2d_gbps > 0) {
+      const double passes = w.checkpointing ? 3 : 2;
+      const double copies = kParamOffloadSlowdown * (passes + 1) * 2.0 * static_cast<double>(p) /
+                            (s.pcie_h2d_gbps * 1e9);
+      e.pcie_seconds = copies;
+      e.step_seconds = f + copies + e.adam_seconds + h;
+      e.bound = copies >= std::max(f, e.adam_seconds) ? "PCIe (parameters fetched per use)"
+                : f >= e.adam_seconds                 ? "GPU and the parameter copies in turn"
+                                                      : "CPU Adam";
+    } else if (rate > 0 && f > 0) {
+      e.bound = "no step time: the PCIe speed is unknown (a zoffload-bench pcie JSON, or --measure)";
+    } else {
+      e.bound = "no step time: CPU Adam's rate or the GPU's forward+backward time is unknown "
+                "(--bench-json)";
+    }
+  } else if (w.accumulation > 1 && c.overlap != Overlap::kDelayed) {
+    e.bound = "no step time: accumulation > 1 is measured with overlap delayed only";
+  } else if (rate > 0 && f > 0 && io_known) {
     const double slow = c.overlap == Overlap::kNone       ? 1.0
                         : c.overlap == Overlap::kBackward ? kBackwardSlowdown
                                                           : kDelayedSlowdown;
     const double update = std::max(e.adam_seconds * slow, e.io_seconds);
     const std::string cpu = update > e.io_seconds || e.io_seconds == 0 ? "CPU Adam" : "NVMe";
     // PCIe: the bf16 gradients down and the bf16 parameters up, 2P bytes each way (0: unknown).
+    // Accumulation N (overlap delayed only): N micro-batches of forward+backward and N
+    // gradients down per update.
+    const auto micro = static_cast<double>(w.accumulation);
     const double bytes = 2.0 * static_cast<double>(p);
     auto over = [&](double gbps) { return gbps > 0 ? bytes / (gbps * 1e9) : 0.0; };
     const double down = over(s.pcie_d2h_gbps), up = over(s.pcie_h2d_gbps);
-    const double both =
-        over(s.pcie_both_gbps > 0 ? s.pcie_both_gbps : std::min(s.pcie_d2h_gbps, s.pcie_h2d_gbps));
+    const double both = micro * over(s.pcie_both_gbps > 0
+                                         ? s.pcie_both_gbps
+                                         : std::min(s.pcie_d2h_gbps, s.pcie_h2d_gbps));
     const double backward = f * kBackwardShare + h;
     switch (c.overlap) {
       case Overlap::kNone:  // down under backward, then up under the update
@@ -180,10 +210,10 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
         break;
       case Overlap::kDelayed:  // both ways at once under the next step
         e.pcie_seconds = both;
-        e.step_seconds = std::max({f + h, update, both});
-        e.bound = both > std::max(f + h, update) ? "PCIe (both ways at once)"
-                  : f + h >= update              ? "GPU (forward+backward)"
-                                                 : cpu;
+        e.step_seconds = std::max({micro * f + h, update, both});
+        e.bound = both > std::max(micro * f + h, update) ? "PCIe (both ways at once)"
+                  : micro * f + h >= update              ? "GPU (forward+backward)"
+                                                         : cpu;
         break;
     }
   }
@@ -233,6 +263,7 @@ Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files) {
         best = std::max(best, gbps);
       } else if (r.value("system", "") == "fwd_bwd") {
         s.fwd_bwd_seconds = r.value("seconds_per_step", 0.0);
+        s.fwd_bwd_params = r.value("params", uint64_t{0});
       } else if (r.value("system", "").starts_with("zoffload:none:") && r.contains("steps")) {
         // CPU Adam inside the exact step (it runs alone there): the median past the warm-up.
         std::vector<double> adam;
@@ -242,7 +273,9 @@ Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files) {
         if (adam.empty()) continue;
         std::sort(adam.begin(), adam.end());
         const double seconds = adam[adam.size() / 2];
-        const auto system_state = PrecisionNamed(r["system"].get<std::string>().substr(14));
+        // "zoffload:none:STATE[:...]"
+        const std::string rest = r["system"].get<std::string>().substr(14);
+        const auto system_state = PrecisionNamed(rest.substr(0, rest.find(':')));
         if (system_state && seconds > 0) {
           s.adam(*system_state) = r.value("params", 0.0) / seconds / 1e9;
         }

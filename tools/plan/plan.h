@@ -4,9 +4,11 @@
 // Memory (bytes; P parameters, b x s tokens per micro-batch, N data-parallel ranks on this
 // machine, one GPU each; GPU figures are per GPU, host and NVMe figures for the machine):
 // - GPU: the bf16 parameters (2P; ZeRO stage 3: the rank's partition 2P/N, none with
-//   offload_param, plus the gathered window of at most stage3_max_live_parameters, 2 bytes
-//   each, when N > 1 or offload_param), zoffload's gradient ring (two buckets of
-//   reduce_bucket_size elements, 2 bytes each, capped at 2P), and the activations: with
+//   offload_param, plus the fetched window when N > 1 or offload_param: the largest module's
+//   parameters and stage3_prefetch_bucket_size more, 2 bytes each), zoffload's gradient ring
+//   (one rank, parameters resident: two buckets of reduce_bucket_size elements, 2 bytes each,
+//   capped at 2P; across ranks and with offload_param the gradients go straight to pinned host
+//   memory instead), and the activations: with
 //   gradient checkpointing each layer's input (2bsh) plus one layer recomputed (2bs(4h + 3i))
 //   and the logits in bf16, fp32 and their gradient (10bsV); without it, 34bsh per layer (the
 //   stored tensors of a transformer layer with fused attention) plus the logits.
@@ -21,7 +23,9 @@
 //   the memlock limit): what the GPU copies to or from — the bf16 gradient buffers (landing,
 //   new values) and offloaded parameters; the state and the fp32 sums are pageable.
 // - NVMe: the NVMe share of the state, twice (the optimizer state keeps two copies).
-// Step time (seconds; one rank, stages 1-2, accumulation 1: what is measured), from the
+// Step time (seconds; one rank, stages 1-2; accumulation N > 1 in mode delayed only, where the
+// N micro-batches' forward+backward (N F) and N gradients down replace F and one; what is
+// measured), from the
 // forward+backward time F (backward is kBackwardShare of it), CPU Adam's rate for the layout, and
 // NVMe's rate for the NVMe share:
 // - none: F + Adam; backward: F(1 - kBackwardShare) + max(F kBackwardShare, kb Adam);
@@ -33,6 +37,11 @@
 //   write). PCIe (when its speeds are given) moves 2P down and 2P up: in mode none the gradients
 //   under backward (max(backward, down)) and the parameters under the update (max(update, up));
 //   in backward and delayed both ways at once, a third term in the max.
+// - stage 3 + offload_param, one rank, mode none: F + the copies + Adam + H, where the copies
+//   are each parameter fetched per use (3 x 2P bytes up with checkpointing: forward, the
+//   recomputed forward and backward; 2 x 2P without) and the gradients down (2P), at the host-
+//   to-device rate times kParamOffloadSlowdown.
+// F is the measured forward+backward scaled to the model's parameters (same tokens).
 #pragma once
 
 #include <cstdint>
@@ -55,6 +64,10 @@ inline constexpr uint64_t kProcessBytes = uint64_t{3} << 29;  // 1.5 GiB: torch,
 // Per parameter tensor: what a step takes beyond forward+backward and the update (the hooks,
 // the last gradients' copy, the last uploads); fitted on the 7B runs, not a measured phase.
 inline constexpr double kHandOverSeconds = 0.15e-3;
+// Parameter offload's copies take this many times their time at the link's host-to-device rate,
+// on top of forward+backward: prefetch hides 38 % of the fetch, and the per-module hooks add
+// back more than that (fitted on the 9.98B run, docs/PERF.md run 5; checked on 11.6-12.8B).
+inline constexpr double kParamOffloadSlowdown = 1.17;
 
 struct ModelShape {
   std::string name;
@@ -62,6 +75,9 @@ struct ModelShape {
   bool tied = false;  ///< input and output embeddings shared
   uint64_t params = 0;
   uint64_t tensors = 0;  ///< parameter tensors (0: unknown)
+  /// The parameters of the largest module (a Llama shape: the embedding or the output layer,
+  /// else an MLP projection); 0: unknown.
+  uint64_t largest_module() const;
 };
 
 /// A named shape ("llama-7b", "llama-13b", "llama-70b", "llama3-8b"), a HuggingFace
@@ -80,7 +96,7 @@ struct Workload {
   int world = 1;                           ///< data-parallel ranks on this machine, a GPU each
   int stage = 2;                           ///< zero_optimization.stage (0 counts as 1)
   bool offload_param = false;              ///< stage 3: offload_param.device "cpu"
-  uint64_t live_elements = 1'000'000'000;  ///< stage 3: stage3_max_live_parameters
+  uint64_t prefetch_elements = 50'000'000;  ///< stage 3: stage3_prefetch_bucket_size
 };
 
 struct Candidate {
@@ -90,7 +106,8 @@ struct Candidate {
 };
 
 struct Speeds {
-  double fwd_bwd_seconds = 0;          ///< the GPU's forward + backward of one step; 0: unknown
+  double fwd_bwd_seconds = 0;  ///< the GPU's forward + backward of one step; 0: unknown
+  uint64_t fwd_bwd_params = 0;  ///< the model it was measured on; 0: the model planned
   double adam_gparams[3] = {0, 0, 0};  ///< CPU Adam per state precision (fp32, bf16, int8)
   double& adam(StatePrecision p) { return adam_gparams[static_cast<int>(p)]; }
   double adam(StatePrecision p) const { return adam_gparams[static_cast<int>(p)]; }
