@@ -421,9 +421,7 @@ int Main(int argc, char** argv) {
           "(memory only: ZeRO across ranks is not measured yet; its ranks communicate "
           "through host memory, not NCCL)\n");
     } else if (w.stage == 3 && best.e.step_seconds == 0) {
-      std::printf(
-          "(%s; stage 3 runs through zoffload.torch with model=)\n",
-          best.e.bound.c_str());
+      std::printf("(%s; stage 3 runs through zoffload.torch with model=)\n", best.e.bound.c_str());
     }
     // Pinned buffers come from cudaHostAlloc; where the locked-memory limit applies to them,
     // pinning would fail above it.

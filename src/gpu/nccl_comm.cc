@@ -140,8 +140,7 @@ Status NcclComm::AllGather(const void* send, void* recv, size_t send_count, DTyp
   return Status::Ok();
 }
 
-Status NcclComm::AllGatherBytes(const void* send, void* recv, size_t bytes,
-                                cudaStream_t stream) {
+Status NcclComm::AllGatherBytes(const void* send, void* recv, size_t bytes, cudaStream_t stream) {
   ZO_NCCL_RETURN_IF_ERROR(ncclAllGather(send, recv, bytes, ncclInt8, comm_, stream));
   return Status::Ok();
 }

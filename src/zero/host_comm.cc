@@ -199,12 +199,12 @@ Status HostComm::CheckSameCall() {
   for (int q = 0; q < options_.world; ++q) {
     const uint64_t theirs = header_->call[q].load(std::memory_order_acquire);
     if (theirs != mine) {
-      broken_ = Status(StatusCode::kInternal,
-                       StrCat("host communicator '", options_.name, "': rank ", options_.rank,
-                              " called ", DescribeCall(mine), ", rank ", q, " ",
-                              DescribeCall(theirs),
-                              ": every rank must call the same collectives in the same order; "
-                              "this run cannot go on"));
+      broken_ =
+          Status(StatusCode::kInternal,
+                 StrCat("host communicator '", options_.name, "': rank ", options_.rank, " called ",
+                        DescribeCall(mine), ", rank ", q, " ", DescribeCall(theirs),
+                        ": every rank must call the same collectives in the same order; "
+                        "this run cannot go on"));
       return broken_;
     }
   }

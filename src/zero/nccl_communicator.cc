@@ -12,10 +12,10 @@ Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(NcclComm comm
                                                                    const Options& options) {
   const uint64_t unit = 4 * static_cast<uint64_t>(std::max(comm.world_size(), 1));
   if (comm.get() == nullptr || options.chunk_bytes < unit || options.chunk_bytes % unit != 0) {
-    return InvalidArgumentError(
-        StrCat("NCCL communicator: chunks of ", options.chunk_bytes, " bytes at world size ",
-               comm.world_size(), ": needs an initialized communicator and chunks that are a "
-               "multiple of 4 x world bytes"));
+    return InvalidArgumentError(StrCat("NCCL communicator: chunks of ", options.chunk_bytes,
+                                       " bytes at world size ", comm.world_size(),
+                                       ": needs an initialized communicator and chunks that are a "
+                                       "multiple of 4 x world bytes"));
   }
   std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(std::move(comm), options));
   ZO_ASSIGN_OR_RETURN(c->stream_, CudaStream::Create());
@@ -39,9 +39,9 @@ Status NcclCommunicator::Wait(std::string_view what) {
     } else if (Status async = comm_.CheckAsyncError(); !async.ok()) {
       failure = async;
     } else if (std::chrono::steady_clock::now() > deadline) {
-      failure = Status(StatusCode::kUnavailable,
-                       StrCat("not finished within ", options_.timeout.count(),
-                              " ms (a rank died or is stuck)"));
+      failure =
+          Status(StatusCode::kUnavailable, StrCat("not finished within ", options_.timeout.count(),
+                                                  " ms (a rank died or is stuck)"));
     }
     if (!failure.ok()) {
       comm_.Abort();
@@ -72,8 +72,7 @@ Status NcclCommunicator::AllReduceSum(float* data, uint64_t n) {
   for (uint64_t first = 0; first < n; first += chunk) {
     const uint64_t len = std::min(chunk, n - first);
     ZO_RETURN_IF_ERROR(Copy(dev, data + first, 4 * len, cudaMemcpyHostToDevice));
-    ZO_RETURN_IF_ERROR(comm_.AllReduce(dev, dev, len, DType::kFp32, ReduceOp::kSum,
-                                       stream_.get()));
+    ZO_RETURN_IF_ERROR(comm_.AllReduce(dev, dev, len, DType::kFp32, ReduceOp::kSum, stream_.get()));
     ZO_RETURN_IF_ERROR(Wait(StrCat("all-reduce of ", n, " floats")));
     ZO_RETURN_IF_ERROR(Copy(data + first, dev, 4 * len, cudaMemcpyDeviceToHost));
     ZO_RETURN_IF_ERROR(Wait("all-reduce: copying the sums back"));
@@ -94,8 +93,8 @@ Status NcclCommunicator::ReduceScatterSum(const float* send, float* recv, uint64
     }
     // In place: this rank's result lands where its own part of the input was.
     float* mine = dev + static_cast<uint64_t>(comm_.rank()) * len;
-    ZO_RETURN_IF_ERROR(comm_.ReduceScatter(dev, mine, len, DType::kFp32, ReduceOp::kSum,
-                                           stream_.get()));
+    ZO_RETURN_IF_ERROR(
+        comm_.ReduceScatter(dev, mine, len, DType::kFp32, ReduceOp::kSum, stream_.get()));
     ZO_RETURN_IF_ERROR(Wait(StrCat("reduce-scatter of ", count, " floats per rank")));
     ZO_RETURN_IF_ERROR(Copy(recv + first, mine, 4 * len, cudaMemcpyDeviceToHost));
     ZO_RETURN_IF_ERROR(Wait("reduce-scatter: copying the sums back"));

@@ -32,7 +32,7 @@ namespace zoffload::internal::zero {
 class NcclCommunicator final : public Communicator {
  public:
   struct Options {
-    uint64_t chunk_bytes = uint64_t{64} << 20;  ///< device staging; a multiple of 4 x world
+    uint64_t chunk_bytes = uint64_t{64} << 20;   ///< device staging; a multiple of 4 x world
     std::chrono::milliseconds timeout{300'000};  ///< for one collective to finish
   };
   /// Over `comm`, whose GPU is the calling thread's current device.

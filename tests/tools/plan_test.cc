@@ -276,7 +276,8 @@ TEST(PlanTest, EstimatesMatchThe7BRunsOnTheH200) {
   const Estimate n4 = EstimateRun(m, four, {Overlap::kNone, StatePrecision::kBf16, 0}, *speeds);
   EXPECT_EQ(n4.step_seconds, 0.0);
   EXPECT_NE(n4.bound.find("accumulation > 1 is measured with overlap delayed only"),
-            std::string::npos) << n4.bound;
+            std::string::npos)
+      << n4.bound;
 }
 
 // Stage 3 + offload_param, one rank, overlap none, int8 moments (docs/PERF.md run 5):
@@ -284,9 +285,9 @@ TEST(PlanTest, EstimatesMatchThe7BRunsOnTheH200) {
 // (15 %) with the 48-layer run's forward+backward and CPU Adam scaled; memory within 10 %.
 TEST(PlanTest, EstimatesMatchTheParameterOffloadRunsOnTheH200) {
   const std::string perf = std::string(ZO_SOURCE_DIR) + "/docs/perf/";
-  auto speeds = SpeedsFromJson({perf + "pcie_h200.json",
-                                perf + "finetune_fwd_bwd_L48_h200_run5.json",
-                                perf + "finetune_params_L48_h200_run5.json"});
+  auto speeds =
+      SpeedsFromJson({perf + "pcie_h200.json", perf + "finetune_fwd_bwd_L48_h200_run5.json",
+                      perf + "finetune_params_L48_h200_run5.json"});
   ASSERT_TRUE(speeds.ok()) << speeds.status();
   Workload w;
   w.stage = 3;

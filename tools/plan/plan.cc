@@ -157,8 +157,9 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
     e.bound = "no step time: ZeRO across ranks is not measured yet";
   } else if (stage3 && (!w.offload_param || c.overlap != Overlap::kNone || on_nvme > 0 ||
                         w.accumulation > 1)) {
-    e.bound = "no step time: of stage 3, only offload_param with overlap none, state in host "
-              "memory and accumulation 1 is measured";
+    e.bound =
+        "no step time: of stage 3, only offload_param with overlap none, state in host "
+        "memory and accumulation 1 is measured";
   } else if (stage3) {
     if (rate > 0 && f > 0 && s.pcie_h2d_gbps > 0) {
       const double passes = w.checkpointing ? 3 : 2;
@@ -170,10 +171,12 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
                 : f >= e.adam_seconds                 ? "GPU and the parameter copies in turn"
                                                       : "CPU Adam";
     } else if (rate > 0 && f > 0) {
-      e.bound = "no step time: the PCIe speed is unknown (a zoffload-bench pcie JSON, or --measure)";
+      e.bound =
+          "no step time: the PCIe speed is unknown (a zoffload-bench pcie JSON, or --measure)";
     } else {
-      e.bound = "no step time: CPU Adam's rate or the GPU's forward+backward time is unknown "
-                "(--bench-json)";
+      e.bound =
+          "no step time: CPU Adam's rate or the GPU's forward+backward time is unknown "
+          "(--bench-json)";
     }
   } else if (w.accumulation > 1 && c.overlap != Overlap::kDelayed) {
     e.bound = "no step time: accumulation > 1 is measured with overlap delayed only";
@@ -190,9 +193,9 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
     const double bytes = 2.0 * static_cast<double>(p);
     auto over = [&](double gbps) { return gbps > 0 ? bytes / (gbps * 1e9) : 0.0; };
     const double down = over(s.pcie_d2h_gbps), up = over(s.pcie_h2d_gbps);
-    const double both = micro * over(s.pcie_both_gbps > 0
-                                         ? s.pcie_both_gbps
-                                         : std::min(s.pcie_d2h_gbps, s.pcie_h2d_gbps));
+    const double both =
+        micro *
+        over(s.pcie_both_gbps > 0 ? s.pcie_both_gbps : std::min(s.pcie_d2h_gbps, s.pcie_h2d_gbps));
     const double backward = f * kBackwardShare + h;
     switch (c.overlap) {
       case Overlap::kNone:  // down under backward, then up under the update

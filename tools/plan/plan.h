@@ -92,10 +92,10 @@ struct Workload {
   uint64_t batch = 4, sequence = 2048;
   int accumulation = 1;
   bool checkpointing = true;
-  uint64_t bucket_elements = 50'000'000;   ///< reduce_bucket_size
-  int world = 1;                           ///< data-parallel ranks on this machine, a GPU each
-  int stage = 2;                           ///< zero_optimization.stage (0 counts as 1)
-  bool offload_param = false;              ///< stage 3: offload_param.device "cpu"
+  uint64_t bucket_elements = 50'000'000;    ///< reduce_bucket_size
+  int world = 1;                            ///< data-parallel ranks on this machine, a GPU each
+  int stage = 2;                            ///< zero_optimization.stage (0 counts as 1)
+  bool offload_param = false;               ///< stage 3: offload_param.device "cpu"
   uint64_t prefetch_elements = 50'000'000;  ///< stage 3: stage3_prefetch_bucket_size
 };
 
@@ -106,8 +106,8 @@ struct Candidate {
 };
 
 struct Speeds {
-  double fwd_bwd_seconds = 0;  ///< the GPU's forward + backward of one step; 0: unknown
-  uint64_t fwd_bwd_params = 0;  ///< the model it was measured on; 0: the model planned
+  double fwd_bwd_seconds = 0;          ///< the GPU's forward + backward of one step; 0: unknown
+  uint64_t fwd_bwd_params = 0;         ///< the model it was measured on; 0: the model planned
   double adam_gparams[3] = {0, 0, 0};  ///< CPU Adam per state precision (fp32, bf16, int8)
   double& adam(StatePrecision p) { return adam_gparams[static_cast<int>(p)]; }
   double adam(StatePrecision p) const { return adam_gparams[static_cast<int>(p)]; }
