@@ -249,6 +249,7 @@ int Main(int argc, char** argv) {
     w.stage = std::max(1, zero.stage);
     w.offload_param = zero.stage == 3 && zero.offload_param.device != OffloadDevice::kNone;
     w.prefetch_elements = static_cast<uint64_t>(zero.stage3_prefetch_bucket_size);
+    w.live_elements = static_cast<uint64_t>(zero.stage3_max_live_parameters);
     const auto& oo = config->zero_optimization.offload_optimizer;
     if (oo.device != OffloadDevice::kCpu && oo.device != OffloadDevice::kNvme) {
       return Fail(StrCat(config_path,

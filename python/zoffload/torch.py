@@ -19,7 +19,10 @@ How it works:
    and each module copies its own to the device before its forward and its backward and drops
    them after; from the second step on a GPU, the next modules' copies (up to
    stage3_prefetch_bucket_size elements) run on a side stream ahead of use. Parameters below
-   stage3_param_persistence_threshold elements stay on the device. So a model whose
+   stage3_param_persistence_threshold elements stay on the device. From the second step, a
+   module used again within stage3_max_reuse_distance elements of other modules' fetches (a
+   checkpointed block: its recomputed forward, then its backward) keeps its parameters in
+   between, up to stage3_max_live_parameters elements kept at once. So a model whose
    parameters exceed the GPU trains on it. A parameter must be used inside the module that
    holds it (read one elsewhere with ``parameter_values``).
 5. ZeRO across ranks (``torch.distributed`` initialized with a world size > 1) partitions the
@@ -303,6 +306,18 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._prefetch_elements = zc["stage3_prefetch_bucket_size"]
         self._prefetched: Dict[int, Tuple[List[torch.Tensor], Any]] = {}
         self._copies: Optional[Any] = None
+        # Reuse (one process): from the recorded order, each position's next use of the same
+        # module and the elements fetched before each position; the modules kept (elements) and
+        # where each module was last fetched. Fetches of this step: count and elements.
+        self._reuse_distance = zc["stage3_max_reuse_distance"]
+        self._max_live = zc["stage3_max_live_parameters"]
+        self._next_use: List[int] = []
+        self._prev_use: List[int] = []
+        self._fetched_before: List[int] = []
+        self._kept: Dict[int, Tuple[int, List[Tuple[str, torch.Tensor]]]] = {}
+        self._last_at: Dict[int, int] = {}
+        self._fetches = self._fetched_elements = 0
+        self._last_fetches = (0, 0)
         # Parameters below stage3_param_persistence_threshold elements stay on the device (a
         # copy per use would cost more than it saves); step() refreshes them.
         threshold = zc["stage3_param_persistence_threshold"]
@@ -326,9 +341,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 if opt is not None:
                     opt._fetch_module(key, own)
 
-            def drop(*_: Any, own=own) -> None:  # backward fetches them again
-                for _, p in own:
-                    p.data = _empty_like(p)
+            def drop(*_: Any, own=own, key=id(module)) -> None:  # backward fetches them again
+                opt = this()
+                if opt is None or not opt._keep(key, own):
+                    for _, p in own:
+                        p.data = _empty_like(p)
 
             self._fetch_hooks += [
                 module.register_forward_pre_hook(fetch),
@@ -346,12 +363,66 @@ class OffloadOptimizer(torch.optim.Optimizer):
             else:
                 p.data.copy_(self._host_values[name], non_blocking=True)
 
+    def _keep(self, key: int, own: List[Tuple[str, torch.Tensor]]) -> bool:
+        """After a module's forward: whether its parameters stay until its next use (that use
+        comes within stage3_max_reuse_distance elements of other fetches, and the modules kept
+        stay within stage3_max_live_parameters elements). One process only: under ZeRO every
+        fetch is collective."""
+        at = self._last_at.get(key)
+        if self._zero is not None or self._recording or at is None:
+            return False
+        size = sum(p.numel() for _, p in own)
+        kept = sum(size for size, _ in self._kept.values())
+        if not self._reusable(at, self._next_use[at]) or kept + size > self._max_live:
+            return False
+        self._kept[key] = (size, own)
+        return True
+
+    def _reusable(self, at: int, then: int) -> bool:
+        """Whether the module used at position `at` of the recorded order, used next at
+        `then` (-1: never), may keep its parameters in between."""
+        if then < 0:
+            return False
+        size = self._fetched_before[at + 1] - self._fetched_before[at]
+        between = self._fetched_before[then] - self._fetched_before[at + 1]
+        return between <= self._reuse_distance and size <= self._max_live
+
+    def _release_kept(self) -> None:
+        for _, own in self._kept.values():
+            for _, p in own:
+                p.data = _empty_like(p)
+        self._kept.clear()
+
+    def _end_recording(self) -> None:
+        """The first step's order is known: where each module is used next and was used
+        before, and the elements fetched before each position."""
+        self._recording = False
+        last: Dict[int, int] = {}
+        self._next_use = [-1] * len(self._order)
+        self._prev_use = [-1] * len(self._order)
+        for i in range(len(self._order) - 1, -1, -1):
+            key = self._order[i][0]
+            self._next_use[i] = last.get(key, -1)
+            if self._next_use[i] >= 0:
+                self._prev_use[self._next_use[i]] = i
+            last[key] = i
+        self._fetched_before = [0]
+        for _, own in self._order:
+            self._fetched_before.append(
+                self._fetched_before[-1] + sum(self._shapes[name].numel() for name, _ in own))
+
     def _fetch_module(self, key: int, own: List[Tuple[str, torch.Tensor]]) -> None:
-        """A module's parameters onto their device. On a GPU the modules' order of use is
-        recorded in the first step; from then on, each fetch also starts the next module's
-        copies on a side stream, so that they run under this module's compute."""
+        """A module's parameters onto their device, unless they are there (kept since its last
+        use, or not yet dropped: a checkpointed block's backward starts by recomputing its
+        forward). The modules' order of use is recorded in the first step; from then on, on a
+        GPU, each fetch also starts the next module's copies on a side stream, so that they run
+        under this module's compute."""
         prefetched = self._prefetched.pop(key, None)
-        if prefetched is not None:
+        self._kept.pop(key, None)
+        present = all(p.numel() == self._shapes[name].numel() for name, p in own)
+        if present:
+            prefetched = None
+        elif prefetched is not None:
             values, copied = prefetched
             stream = torch.cuda.current_stream()
             stream.wait_event(copied)
@@ -361,22 +432,28 @@ class OffloadOptimizer(torch.optim.Optimizer):
         else:
             for name, p in own:
                 p.data = self._fetch(name, p)
-        if self._zero is not None or not own[0][1].is_cuda:
+        if not present:
+            self._fetches += 1
+            self._fetched_elements += sum(self._shapes[name].numel() for name, _ in own)
+        if self._zero is not None:
             return
         if self._recording:
+            self._last_at[key] = len(self._order)
             self._order.append((key, own))
             return
         at = self._cursor
-        if self._prefetch_elements == 0:  # prefetching off: each copy starts at its use
-            return
         if at >= len(self._order) or self._order[at][0] != key:
-            # The model ran otherwise than in the first step: no prefetch this step.
+            # The model ran otherwise than in the first step: no prefetch or reuse this step.
             self._prefetched.clear()
+            self._last_at.clear()
             self._cursor = self._ahead = len(self._order)
             return
+        self._last_at[key] = at
+        self._cursor += 1
+        if self._prefetch_elements == 0 or not own[0][1].is_cuda:
+            return  # prefetching off (each copy starts at its use), or nothing to prefetch to
         # The next modules' copies, up to stage3_prefetch_bucket_size elements in flight (at
         # least the next module's).
-        self._cursor += 1
         self._ahead = max(self._ahead, self._cursor)
         in_flight = sum(v.numel() for values, _ in self._prefetched.values() for v in values)
         while self._ahead < len(self._order):
@@ -384,7 +461,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
             size = sum(self._host_values[name].numel() for name, _ in next_own)
             if self._ahead > self._cursor and in_flight + size > self._prefetch_elements:
                 break
-            if next_key not in self._prefetched:  # (a module used twice: its first use)
+            # A module used twice in the window: its first use; one kept since its last use
+            # (its previous use is this one or later): no copy.
+            prev = self._prev_use[self._ahead]
+            reused = next_key in self._kept or (
+                prev >= self._cursor - 1 and self._reusable(prev, self._ahead))
+            if next_key not in self._prefetched and not reused:
                 self._prefetch(next_key, next_own)
                 in_flight += size
             self._ahead += 1
@@ -470,8 +552,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if torch.cuda.is_initialized():
                 torch.cuda.synchronize()  # the copies still reading the host values
         if self._partitioned:  # the order of use is known after the first step
-            self._recording, self._cursor, self._ahead = False, 0, 0
+            if self._recording:
+                self._end_recording()
+            self._cursor = self._ahead = 0
             self._prefetched.clear()
+            self._release_kept()
+            self._last_at.clear()
+            self._last_fetches = (self._fetches, self._fetched_elements)
+            self._fetches = self._fetched_elements = 0
         if self._zero is not None:
             stats = self._zero.step()
         else:
@@ -513,10 +601,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 t.grad = None
 
     def stats(self) -> dict:
-        """The last step's phase times, bytes moved, grad norm, loss scale and skip flag."""
-        if self._zero is not None:
-            return getattr(self, "_last", {})
-        return self._engine.last_step
+        """The last step's phase times, bytes moved, grad norm, loss scale and skip flag; with
+        parameters fetched per module (stage 3), also ``parameter_fetches`` (module fetches
+        that copied) and ``parameter_fetch_elements`` of that step."""
+        last = getattr(self, "_last", {}) if self._zero is not None else self._engine.last_step
+        if self._partitioned:
+            fetches, elements = self._last_fetches
+            last = {**last, "parameter_fetches": fetches, "parameter_fetch_elements": elements}
+        return last
 
     def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
         """The optimizer's state: per parameter name its fp32 ``master``, ``exp_avg`` and

@@ -882,9 +882,7 @@ std::vector<std::string> UnusedConfigKeys() {
           "zero_optimization.allgather_bucket_size",
           "zero_optimization.offload_param.buffer_count",
           "zero_optimization.offload_param.buffer_size",
-          "zero_optimization.offload_param.max_in_cpu",
-          "zero_optimization.stage3_max_live_parameters",
-          "zero_optimization.stage3_max_reuse_distance"};
+          "zero_optimization.offload_param.max_in_cpu"};
 }
 
 std::vector<std::string> AcceptedConfigKeys() {

@@ -121,7 +121,10 @@ def test_parameter_offload_keeps_checkpoints_and_reads_values(tmp_path):
 @pytest.mark.parametrize("reentrant", [False, True])
 def test_parameter_offload_under_activation_checkpointing(reentrant):
     """torch.utils.checkpoint recomputes each block's forward inside backward: the blocks
-    fetch their parameters again there, and the training is the plain engine's, bit for bit."""
+    use their parameters again there, and the training is the plain engine's, bit for bit,
+    whether each use fetches them again (no reuse) or, from the second step, modules keep
+    them between uses (stage3_max_reuse_distance, within stage3_max_live_parameters): then
+    each of the 11 modules copies once a step."""
     import torch.utils.checkpoint as cp
 
     class Block(torch.nn.Module):
@@ -145,29 +148,48 @@ def test_parameter_offload_under_activation_checkpointing(reentrant):
                 h = cp.checkpoint(b, h, use_reentrant=reentrant)
             return self.o(h)
 
-    def run(offload):
+    def run(offload, **reuse):
         torch.manual_seed(0)
         model = Model()
         zero = {"stage": 3 if offload else 2, "offload_optimizer": {"device": "cpu"},
-                "stage3_param_persistence_threshold": 0}
+                "stage3_param_persistence_threshold": 0, **reuse}
         if offload:
             zero["offload_param"] = {"device": "cpu"}
         opt = zt.OffloadOptimizer(model.named_parameters(), config={"zero_optimization": zero},
                                   lr=1e-2, model=model)
         g = torch.Generator().manual_seed(1)
-        losses = []
+        losses, fetches = [], []
         for _ in range(5):
             x, y = torch.randn(4, 8, generator=g), torch.randn(4, 1, generator=g)
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
             opt.step()
             losses.append(loss.item())
-        return losses, {n: opt.parameter_values(n) for n, _ in model.named_parameters()}
+            fetches.append(opt.stats().get("parameter_fetches"))
+        params = {n: opt.parameter_values(n) for n, _ in model.named_parameters()}
+        if offload:  # between steps the model holds no parameter values
+            assert all(p.numel() == 0 for p in model.parameters())
+        return losses, params, fetches
 
-    (want, want_params), (got, got_params) = run(False), run(True)
-    assert got == want
-    for name, values in want_params.items():
-        assert torch.equal(got_params[name], values), name
+    want, want_params, _ = run(False)
+    counts = {}
+    for label, reuse in (("none", {"stage3_max_reuse_distance": 0,
+                                   "stage3_max_live_parameters": 1}),
+                         ("adjacent", {"stage3_max_reuse_distance": 0}),
+                         ("default", {})):
+        got, got_params, counts[label] = run(True, **reuse)
+        assert got == want, label
+        for name, values in want_params.items():
+            assert torch.equal(got_params[name], values), (label, name)
+    # Without reuse: each module's forward, then the blocks' recomputed forward and every
+    # backward (31 uses; a block whose backward starts its recomputation uses its parameters
+    # there without a copy of their own). With reuse, from step 2: once per module.
+    assert counts["none"] == [counts["none"][0]] * 5 and counts["none"][0] >= 28, counts
+    assert counts["default"] == [counts["none"][0]] + [11] * 4, counts
+    # Distance 0 keeps only modules used again right away (the output layer from its forward
+    # to its backward).
+    assert counts["adjacent"][0] == counts["none"][0], counts
+    assert 11 < counts["adjacent"][1] < counts["none"][0], counts
 
 
 def test_parameter_offload_trains_a_transformers_llama_as_the_engine():

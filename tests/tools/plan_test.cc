@@ -103,11 +103,15 @@ TEST(PlanTest, StageAndWorldMemoryByHand) {
   w.world = 4;
   w.offload_param = true;
   w.prefetch_elements = 100;
+  w.live_elements = 300;  // (kept for reuse in one process only)
   e = EstimateRun(m, w, fp32, {});
   EXPECT_EQ(e.gpu_params, 200u);
   EXPECT_EQ(e.host_params, 2000u);
   EXPECT_EQ(e.host_bytes, 12000u + 2000u + 2000u + 4 * kProcessBytes);
   EXPECT_EQ(e.host_pinned, 2000u + 2000u);
+  // One rank: the window and up to 300 parameters kept for reuse (600 bytes).
+  w.world = 1;
+  EXPECT_EQ(EstimateRun(m, w, fp32, {}).gpu_params, 200u + 600u);
   // One rank at stage 3 without offload_param: nothing to gather, as stage 2.
   w = Workload{};
   w.stage = 3;
@@ -292,6 +296,7 @@ TEST(PlanTest, EstimatesMatchTheParameterOffloadRunsOnTheH200) {
   Workload w;
   w.stage = 3;
   w.offload_param = true;
+  w.live_elements = 0;  // run 5 predates reuse: nothing was kept between uses
   const double gib = 1 << 30;
   for (const auto& [layers, seconds, gpu, host] :
        {std::tuple{48, 4.158, 6.73, 96.42}, std::tuple{56, 4.821, 7.23, 111.51},

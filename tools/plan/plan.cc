@@ -113,7 +113,8 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   if (stage3) {
     const uint64_t window =
         n > 1 || w.offload_param ? 2 * std::min(m.largest_module() + w.prefetch_elements, p) : 0;
-    e.gpu_params = (w.offload_param ? 0 : (2 * p + n - 1) / n) + window;
+    const uint64_t kept = n == 1 && w.offload_param ? 2 * std::min(w.live_elements, p) : 0;
+    e.gpu_params = (w.offload_param ? 0 : (2 * p + n - 1) / n) + window + kept;
   } else {
     e.gpu_params = 2 * p;
   }

@@ -5,7 +5,9 @@
 // machine, one GPU each; GPU figures are per GPU, host and NVMe figures for the machine):
 // - GPU: the bf16 parameters (2P; ZeRO stage 3: the rank's partition 2P/N, none with
 //   offload_param, plus the fetched window when N > 1 or offload_param: the largest module's
-//   parameters and stage3_prefetch_bucket_size more, 2 bytes each), zoffload's gradient ring
+//   parameters and stage3_prefetch_bucket_size more, 2 bytes each; with offload_param on one
+//   rank also the parameters kept for reuse, up to stage3_max_live_parameters (the bound: a
+//   10B Llama keeps nearly 1e9 elements at the end of its forward)), zoffload's gradient ring
 //   (one rank, parameters resident: two buckets of reduce_bucket_size elements, 2 bytes each,
 //   capped at 2P; across ranks and with offload_param the gradients go straight to pinned host
 //   memory instead), and the activations: with
@@ -97,6 +99,8 @@ struct Workload {
   int stage = 2;                            ///< zero_optimization.stage (0 counts as 1)
   bool offload_param = false;               ///< stage 3: offload_param.device "cpu"
   uint64_t prefetch_elements = 50'000'000;  ///< stage 3: stage3_prefetch_bucket_size
+  /// stage 3 + offload_param, one rank: stage3_max_live_parameters, the most kept for reuse
+  uint64_t live_elements = 1'000'000'000;
 };
 
 struct Candidate {
