@@ -4,11 +4,13 @@
 //
 // Each rank keeps 1/N of the optimizer state (fp32 masters and Adam moments, in host memory or
 // on NVMe as offload_optimizer says; stage 1), of the gradients (stage 2) and of the parameters
-// (stage 3). The ranks communicate through a shared-memory segment named after the run. Every
+// (stage 3). The ranks communicate through a shared-memory segment named after the run, or,
+// given an NCCL id, over NCCL between their GPUs (ranks may then be on several machines). Every
 // rank registers the same parameters and makes the same calls in the same order (they are
-// collective); a rank that does not arrive within the timeout makes the others fail, naming it.
-// The results do not depend on the world size: N ranks taking one micro-batch each get the bits
-// of one rank taking the N micro-batches as accumulation steps.
+// collective); a rank that does not arrive within the timeout makes the others fail. Over
+// shared memory the results do not depend on the world size: N ranks taking one micro-batch
+// each get the bits of one rank taking the N micro-batches as accumulation steps (over NCCL at
+// world sizes 1 and 2 too; above 2 NCCL's sums match to rounding).
 //
 // One training step of one rank (host parameters):
 //   for each micro-batch: forward, backward; GradientReady(name, grad, ...) per parameter
@@ -41,12 +43,22 @@ struct ZeroRank {
   std::string run;
   /// How long a collective waits for the other ranks.
   std::chrono::milliseconds timeout{300'000};
+  /// Empty: the ranks communicate through host shared memory. Otherwise an NCCL unique id
+  /// (NewNcclId on one rank, handed to every rank by the launcher: ZOFFLOAD_NCCL_ID, a file,
+  /// torch.distributed): the collectives run over NCCL on CUDA device `device` (the buffers stay
+  /// in host memory; each collective goes up, runs between the GPUs and comes down). NVLink
+  /// multicast is off (NCCL_NVLS_ENABLE=0 unless set).
+  std::string nccl_id;
+  int device = 0;
 
   /// From the environment a launcher sets (torchrun's, or by hand): RANK and WORLD_SIZE
-  /// (absent: rank 0 of 1), and the run from ZOFFLOAD_RUN_ID, else torchrun's
-  /// TORCHELASTIC_RUN_ID and MASTER_PORT. INVALID_ARGUMENT naming the variable that is
-  /// malformed or missing.
+  /// (absent: rank 0 of 1), the run from ZOFFLOAD_RUN_ID, else torchrun's
+  /// TORCHELASTIC_RUN_ID and MASTER_PORT; nccl_id from ZOFFLOAD_NCCL_ID and device from
+  /// LOCAL_RANK (absent: 0). INVALID_ARGUMENT naming the variable that is malformed or missing.
   static Result<ZeroRank> FromEnvironment();
+  /// A new NCCL unique id (256 hex digits) for one run, made on one rank; UNIMPLEMENTED in a
+  /// build without CUDA.
+  static Result<std::string> NewNcclId();
 };
 
 struct ZeroOptions {

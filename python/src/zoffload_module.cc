@@ -444,7 +444,7 @@ class Zero {
   Zero(const std::string& config_json,
        const std::vector<std::tuple<std::string, AnyArray, int>>& params,
        const std::vector<nb::dict>& groups, const std::string& run, int rank, int world,
-       double timeout_seconds) {
+       double timeout_seconds, const std::string& nccl_id, int device) {
     const Config config = ParseConfigText(config_json);
     if (params.empty()) Fail(StatusCode::kInvalidArgument, "ZeRO: no parameters given");
     std::vector<ParameterSpec> specs;
@@ -453,9 +453,8 @@ class Zero {
       if (array.device_type() == nb::device::cuda::value) {
         Fail(StatusCode::kUnimplemented,
              what +
-                 " is on cuda: ZeRO across ranks (or stage 3) runs on cpu parameters for "
-                 "now, over the host shared-memory backend; GPU parameters over NCCL are not "
-                 "supported yet");
+                 " is on cuda: Zero takes host (cpu) arrays; zoffload.torch hands GPU "
+                 "parameters over through host memory");
       }
       ParameterSpec s;
       s.name = name;
@@ -475,6 +474,8 @@ class Zero {
     me.world = world;
     me.run = run;
     me.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
+    me.nccl_id = nccl_id;
+    me.device = device;
     nb::gil_scoped_release release;
     zero_ = Unwrap(ZeroOptimizer::Create(config, std::move(specs), me, std::move(options)));
   }
@@ -652,21 +653,28 @@ void DefineModule(nb::module_& m) {
                    "Device bytes the engine holds beyond the parameters.")
       .def_prop_ro("group_count", &Engine::group_count)
       .def_prop_ro("last_step", &Engine::last_step, "The last step's statistics.");
+  m.def(
+      "new_nccl_id", [] { return Unwrap(ZeroRank::NewNcclId()); },
+      "A new NCCL unique id (hex) for Zero(nccl_id=...): made on one rank, handed to all.");
   nb::class_<Zero>(m, "Zero",
-                   "One rank's ZeRO stage 1-3 optimizer over the host shared-memory backend: "
+                   "One rank's ZeRO stage 1-3 optimizer over the host shared-memory backend or "
+                   "NCCL: "
                    "this rank's partition of the optimizer state (and at stage 3 of the "
                    "parameters), gradients reduce-scattered, parameters all-gathered. Every "
                    "rank makes the same calls in the same order.")
       .def(nb::init<const std::string&, const std::vector<std::tuple<std::string, AnyArray, int>>&,
-                    const std::vector<nb::dict>&, const std::string&, int, int, double>(),
+                    const std::vector<nb::dict>&, const std::string&, int, int, double,
+                    const std::string&, int>(),
            nb::arg("config_json"), nb::arg("params"), nb::arg("groups"), nb::arg("run"),
            nb::arg("rank"), nb::arg("world"), nb::arg("timeout_seconds") = 300.0,
+           nb::arg("nccl_id") = "", nb::arg("device") = 0,
            "params: (name, cpu array, group index) each, one dtype for all; at stages 1-2 the "
            "arrays are updated in place by step() and must stay alive, at stage 3 they are read "
            "here only. run: the run's name, the same on every rank and unique per run (letters, "
            "digits, '.', '_', '-'; the shared-memory segment is named after it). A rank that does "
            "not arrive within timeout_seconds makes "
-           "the others fail, naming it.")
+           "the others fail, naming it. nccl_id (new_nccl_id on one rank, the same on all): the "
+           "collectives run over NCCL on CUDA device `device` instead of shared memory.")
       .def("gradient_ready", &Zero::GradientReady, nb::arg("name"), nb::arg("grad"),
            "This micro-batch's gradient of a parameter (collective at stages 2-3: buckets are "
            "reduce-scattered as they fill).")

@@ -28,10 +28,12 @@ How it works:
 5. ZeRO across ranks (``torch.distributed`` initialized with a world size > 1) partitions the
    work (zero_optimization.stage): each rank keeps 1/N of the optimizer state (stage 1), of the
    gradients (2) and of the parameters (3, fetched per module as above, collectively), over the
-   host shared-memory backend (ranks on one machine). GPU parameters communicate through host
-   memory: gradients go down as they are made and new values come up after the step (NCCL is
-   not used yet). The same micro-batches give the same bits at every world size (world size N,
-   one micro-batch each, equals one process taking them as N accumulation steps).
+   host shared-memory backend (ranks on one machine), or over NCCL when the process group's
+   backend is "nccl" (its id sent through torch.distributed; the collectives' host buffers go
+   through the GPU). GPU parameters communicate through host memory: gradients go down as they
+   are made and new values come up after the step. Over shared memory the same micro-batches
+   give the same bits at every world size (world size N, one micro-batch each, equals one
+   process taking them as N accumulation steps); over NCCL at world size 2 too.
 
 fp16: multiply the loss by ``loss_scale`` (or call ``backward(loss)``); overflowing steps are
 skipped and counted in ``skipped_steps``.
@@ -178,9 +180,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._zero: Optional[_zoffload.Zero] = None
         self._fetch_hooks: List[Any] = []
         if world > 1:
+            nccl_id, device = _nccl_bootstrap(rank)
             self._zero = _zoffload.Zero(
                 self._config_json, spec, hypers, _run_name(world, rank), rank, world,
-                cfg["zoffload"]["comm_timeout_seconds"]
+                cfg["zoffload"]["comm_timeout_seconds"], nccl_id, device
             )
             if zc["stage"] == 3:  # read at creation only: the partitions hold them now
                 self._host_values = {}
@@ -731,6 +734,17 @@ def _run_name(world: int, rank: int) -> str:
     if world > 1:
         torch.distributed.broadcast_object_list(name, src=0)
     return str(name[0])
+
+
+def _nccl_bootstrap(rank: int) -> Tuple[str, int]:
+    """Under a torch.distributed NCCL process group: an NCCL id made by rank 0 and sent to the
+    others through torch.distributed, and this rank's current CUDA device; ("", 0) otherwise
+    (the host shared-memory backend)."""
+    if torch.distributed.get_backend() != "nccl":
+        return "", 0
+    nccl_id = [_zoffload.new_nccl_id() if rank == 0 else None]
+    torch.distributed.broadcast_object_list(nccl_id, src=0)
+    return str(nccl_id[0]), torch.cuda.current_device()
 
 
 def _unregister(block: torch.Tensor) -> None:

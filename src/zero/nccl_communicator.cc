@@ -18,9 +18,16 @@ Result<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(NcclComm comm
                                        "multiple of 4 x world bytes"));
   }
   std::unique_ptr<NcclCommunicator> c(new NcclCommunicator(std::move(comm), options));
+  ZO_CUDA_RETURN_IF_ERROR(cudaGetDevice(&c->device_));
   ZO_ASSIGN_OR_RETURN(c->stream_, CudaStream::Create());
   ZO_ASSIGN_OR_RETURN(c->staging_, DeviceBuffer::Allocate(options.chunk_bytes));
   return c;
+}
+
+Status NcclCommunicator::Enter() {
+  ZO_RETURN_IF_ERROR(broken_);
+  ZO_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  return Status::Ok();
 }
 
 Status NcclCommunicator::Copy(void* to, const void* from, uint64_t bytes, cudaMemcpyKind kind) {
@@ -59,14 +66,14 @@ Status NcclCommunicator::Wait(std::string_view what) {
 }
 
 Status NcclCommunicator::Barrier() {
-  ZO_RETURN_IF_ERROR(broken_);
+  ZO_RETURN_IF_ERROR(Enter());
   auto* one = staging_.as<float>();
   ZO_RETURN_IF_ERROR(comm_.AllReduce(one, one, 1, DType::kFp32, ReduceOp::kSum, stream_.get()));
   return Wait("barrier");
 }
 
 Status NcclCommunicator::AllReduceSum(float* data, uint64_t n) {
-  ZO_RETURN_IF_ERROR(broken_);
+  ZO_RETURN_IF_ERROR(Enter());
   const uint64_t chunk = options_.chunk_bytes / 4;
   auto* dev = staging_.as<float>();
   for (uint64_t first = 0; first < n; first += chunk) {
@@ -81,7 +88,7 @@ Status NcclCommunicator::AllReduceSum(float* data, uint64_t n) {
 }
 
 Status NcclCommunicator::ReduceScatterSum(const float* send, float* recv, uint64_t count) {
-  ZO_RETURN_IF_ERROR(broken_);
+  ZO_RETURN_IF_ERROR(Enter());
   const auto world = static_cast<uint64_t>(comm_.world_size());
   const uint64_t chunk = options_.chunk_bytes / (4 * world);  // of each rank's part
   auto* dev = staging_.as<float>();
@@ -103,7 +110,7 @@ Status NcclCommunicator::ReduceScatterSum(const float* send, float* recv, uint64
 }
 
 Status NcclCommunicator::AllGather(const void* send, void* recv, uint64_t bytes) {
-  ZO_RETURN_IF_ERROR(broken_);
+  ZO_RETURN_IF_ERROR(Enter());
   const auto world = static_cast<uint64_t>(comm_.world_size());
   const uint64_t chunk = options_.chunk_bytes / world;  // of each rank's bytes
   const auto* in = static_cast<const std::byte*>(send);

@@ -35,7 +35,8 @@ class NcclCommunicator final : public Communicator {
     uint64_t chunk_bytes = uint64_t{64} << 20;   ///< device staging; a multiple of 4 x world
     std::chrono::milliseconds timeout{300'000};  ///< for one collective to finish
   };
-  /// Over `comm`, whose GPU is the calling thread's current device.
+  /// Over `comm`, whose GPU is the calling thread's current device (each collective makes it
+  /// current again: it may be called from another thread than Create's).
   static Result<std::unique_ptr<NcclCommunicator>> Create(NcclComm comm, const Options& options);
 
   int rank() const override { return comm_.rank(); }
@@ -49,12 +50,15 @@ class NcclCommunicator final : public Communicator {
  private:
   NcclCommunicator(NcclComm comm, const Options& options)
       : comm_(std::move(comm)), options_(options) {}
+  /// Before a collective: the failure that broke the communicator, or the device made current.
+  Status Enter();
   Status Copy(void* to, const void* from, uint64_t bytes, cudaMemcpyKind kind);
   /// Waits for the stream's work; a failure or the timeout aborts the communicator.
   Status Wait(std::string_view what);
 
   NcclComm comm_;
   Options options_;
+  int device_ = 0;
   CudaStream stream_;
   DeviceBuffer staging_;  // options_.chunk_bytes
   Status broken_;

@@ -7,9 +7,15 @@
 #include <cstdlib>
 #include <string>
 
+#include "build_info.h"
 #include "common/strings.h"
 #include "zero/host_comm.h"
 #include "zero/zero_optimizer.h"
+#if ZO_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "zero/nccl_communicator.h"
+#endif
 
 namespace zoffload {
 namespace {
@@ -61,6 +67,14 @@ Result<ZeroRank> ZeroRank::FromEnvironment() {
     r.rank = static_cast<int>(q);
     r.world = static_cast<int>(n);
   }
+  if (const std::string local = Env("LOCAL_RANK"); !local.empty()) {
+    r.device = static_cast<int>(WholeNumber(local));
+    if (r.device < 0 || r.device > 1024) {
+      return InvalidArgumentError(
+          StrCat("ZeRO: LOCAL_RANK is '", local, "'; it must be this rank's GPU, 0 to 1024"));
+    }
+  }
+  r.nccl_id = Env("ZOFFLOAD_NCCL_ID");  // checked where it is used
   r.run = Env("ZOFFLOAD_RUN_ID");
   const char* from = "ZOFFLOAD_RUN_ID";
   if (r.run.empty() && !Env("TORCHELASTIC_RUN_ID").empty()) {
@@ -82,8 +96,45 @@ Result<ZeroRank> ZeroRank::FromEnvironment() {
   return r;
 }
 
+Result<std::string> ZeroRank::NewNcclId() {
+#if ZO_HAVE_CUDA
+  ZO_ASSIGN_OR_RETURN(const internal::NcclUniqueId id, internal::NcclUniqueId::Create());
+  return id.ToHex();
+#else
+  return Status(StatusCode::kUnimplemented, "ZeRO over NCCL: this build has no CUDA");
+#endif
+}
+
+namespace {
+
+// The rank's NCCL communicator on its device (rank.nccl_id set).
+Result<std::unique_ptr<internal::zero::Communicator>> NcclFor(const ZeroRank& rank) {
+#if ZO_HAVE_CUDA
+  auto id = internal::NcclUniqueId::FromHex(rank.nccl_id);
+  if (!id.ok()) {
+    return InvalidArgumentError(StrCat("ZeRO: the NCCL id (ZeroRank::nccl_id, ZOFFLOAD_NCCL_ID): ",
+                                       id.status().message()));
+  }
+  if (const cudaError_t e = cudaSetDevice(rank.device); e != cudaSuccess) {
+    return Status(StatusCode::kUnavailable, StrCat("ZeRO over NCCL: rank ", rank.rank, " cannot use CUDA device ", rank.device, ": ", cudaGetErrorString(e)));
+  }
+  ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // NOLINT(concurrency-mt-unsafe)
+  ZO_ASSIGN_OR_RETURN(internal::NcclComm nccl,
+                      internal::NcclComm::Init(rank.world, rank.rank, *id));
+  internal::zero::NcclCommunicator::Options o;
+  o.timeout = rank.timeout;
+  ZO_ASSIGN_OR_RETURN(auto comm, internal::zero::NcclCommunicator::Create(std::move(nccl), o));
+  return std::unique_ptr<internal::zero::Communicator>(std::move(comm));
+#else
+  (void)rank;
+  return Status(StatusCode::kUnimplemented, "ZeRO over NCCL: this build has no CUDA");
+#endif
+}
+
+}  // namespace
+
 struct ZeroOptimizer::Impl {
-  std::unique_ptr<internal::zero::HostComm> comm;  // outlives the optimizer
+  std::unique_ptr<internal::zero::Communicator> comm;  // outlives the optimizer
   std::unique_ptr<internal::zero::ZeroOptimizer> zero;
 };
 
@@ -99,12 +150,16 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
                                        "'; use letters, digits, '.', '_' and '-' (at most 200)"));
   }
   auto impl = std::make_unique<Impl>();
-  internal::zero::HostComm::Options co;
-  co.name = StrCat("zoffload-", rank.run);
-  co.rank = rank.rank;
-  co.world = rank.world;
-  co.timeout = rank.timeout;
-  ZO_ASSIGN_OR_RETURN(impl->comm, internal::zero::HostComm::Create(co));
+  if (!rank.nccl_id.empty()) {
+    ZO_ASSIGN_OR_RETURN(impl->comm, NcclFor(rank));
+  } else {
+    internal::zero::HostComm::Options co;
+    co.name = StrCat("zoffload-", rank.run);
+    co.rank = rank.rank;
+    co.world = rank.world;
+    co.timeout = rank.timeout;
+    ZO_ASSIGN_OR_RETURN(impl->comm, internal::zero::HostComm::Create(co));
+  }
   ZO_ASSIGN_OR_RETURN(impl->zero, internal::zero::ZeroOptimizer::Create(
                                       config, std::move(params), *impl->comm, std::move(options)));
   return std::unique_ptr<ZeroOptimizer>(new ZeroOptimizer(std::move(impl)));

@@ -119,3 +119,22 @@ def test_zero_two_ranks_on_one_gpu_give_the_bits_of_one_process(tmp_path, stage)
             assert torch.equal(ranks[r]["params"][name], values), (name, r)
     for r in (0, 1):
         assert ranks[r]["losses"] == want["losses"][r::2]
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_zero_over_nccl_on_two_gpus_gives_the_bits_of_one_process(tmp_path, stage):
+    """An NCCL process group: zoffload's collectives run over NCCL between the two GPUs (its id
+    sent through torch.distributed); a sum of two is the same in either order, so the bits of
+    one process taking both micro-batches."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs (NCCL between them); this machine has "
+                    f"{torch.cuda.device_count()}")
+    from test_zero import launch
+
+    want = launch(tmp_path / "engine", 0, 2, 1, device="cuda")[0]
+    ranks = launch(tmp_path / "zero", stage, 1, 2, device="cuda-nccl")
+    for name, values in want["params"].items():
+        for r in (0, 1):
+            assert torch.equal(ranks[r]["params"][name], values), (name, r)
+    for r in (0, 1):
+        assert ranks[r]["losses"] == want["losses"][r::2]

@@ -4,7 +4,8 @@ MASTER_ADDR, MASTER_PORT): trains a small MLP and saves its losses and final par
     python zero_worker.py OUT STAGE ACCUMULATION [PERSIST [DEVICE]]
         STAGE 0: stage 2 in one process, the plain engine; stage 3 in one process offloads the
         parameters. PERSIST: stage3_param_persistence_threshold (default 0: none stays).
-        DEVICE: cpu (default) or cuda (the model and data there).
+        DEVICE: cpu (default) or cuda (the model and data there); cuda-nccl: cuda with an NCCL
+        process group (rank r on GPU r), so that zoffload's collectives run over NCCL.
 """
 
 import os
@@ -31,7 +32,11 @@ def main() -> None:
     torch.set_num_threads(1)  # the same sums in every process
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
-    if world > 1:
+    if device == "cuda-nccl":
+        device = "cuda"
+        torch.cuda.set_device(rank)
+        torch.distributed.init_process_group("nccl")
+    elif world > 1:
         torch.distributed.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.Sequential(
