@@ -112,11 +112,13 @@ Result<std::unique_ptr<internal::zero::Communicator>> NcclFor(const ZeroRank& ra
 #if ZO_HAVE_CUDA
   auto id = internal::NcclUniqueId::FromHex(rank.nccl_id);
   if (!id.ok()) {
-    return InvalidArgumentError(StrCat("ZeRO: the NCCL id (ZeroRank::nccl_id, ZOFFLOAD_NCCL_ID): ",
-                                       id.status().message()));
+    return InvalidArgumentError(
+        StrCat("ZeRO: the NCCL id (ZeroRank::nccl_id, ZOFFLOAD_NCCL_ID): ", id.status().message()));
   }
   if (const cudaError_t e = cudaSetDevice(rank.device); e != cudaSuccess) {
-    return Status(StatusCode::kUnavailable, StrCat("ZeRO over NCCL: rank ", rank.rank, " cannot use CUDA device ", rank.device, ": ", cudaGetErrorString(e)));
+    return Status(StatusCode::kUnavailable,
+                  StrCat("ZeRO over NCCL: rank ", rank.rank, " cannot use CUDA device ",
+                         rank.device, ": ", cudaGetErrorString(e)));
   }
   ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // NOLINT(concurrency-mt-unsafe)
   ZO_ASSIGN_OR_RETURN(internal::NcclComm nccl,

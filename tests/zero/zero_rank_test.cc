@@ -160,8 +160,8 @@ TEST(ZeroNcclTest, PublicOptimizerOverNcclEqualsHostBackend) {
                          const std::vector<float> w = train(nccl == 1);
                          if (w.empty()) return 1;
                          FILE* f = std::fopen(out.c_str(), "wb");
-                         const bool ok = f != nullptr &&
-                                         std::fwrite(w.data(), 4, w.size(), f) == w.size();
+                         const bool ok =
+                             f != nullptr && std::fwrite(w.data(), 4, w.size(), f) == w.size();
                          if (f != nullptr) std::fclose(f);
                          return ok ? 0 : 2;
                        }),
