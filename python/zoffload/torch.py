@@ -180,9 +180,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._zero: Optional[_zoffload.Zero] = None
         self._fetch_hooks: List[Any] = []
         if world > 1:
-            nccl_id, device = _nccl_bootstrap(rank)
+            run, nccl_id, device = _bootstrap(rank)
             self._zero = _zoffload.Zero(
-                self._config_json, spec, hypers, _run_name(world, rank), rank, world,
+                self._config_json, spec, hypers, run, rank, world,
                 cfg["zoffload"]["comm_timeout_seconds"], nccl_id, device
             )
             if zc["stage"] == 3:  # read at creation only: the partitions hold them now
@@ -347,8 +347,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             def drop(*_: Any, own=own, key=id(module)) -> None:  # backward fetches them again
                 opt = this()
                 if opt is None or not opt._keep(key, own):
-                    for _, p in own:
-                        p.data = _empty_like(p)
+                    _drop(own)
 
             self._fetch_hooks += [
                 module.register_forward_pre_hook(fetch),
@@ -392,8 +391,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def _release_kept(self) -> None:
         for _, own in self._kept.values():
-            for _, p in own:
-                p.data = _empty_like(p)
+            _drop(own)
         self._kept.clear()
 
     def _end_recording(self) -> None:
@@ -727,30 +725,29 @@ def _world() -> Tuple[int, int]:
     return 1, 0
 
 
-def _run_name(world: int, rank: int) -> str:
-    """The run's name (its shared-memory segment is named after it): made by rank 0, sent to
-    the others through torch.distributed."""
-    name = [f"{os.getpid()}-{secrets.token_hex(6)}" if rank == 0 else None]
-    if world > 1:
-        torch.distributed.broadcast_object_list(name, src=0)
-    return str(name[0])
-
-
-def _nccl_bootstrap(rank: int) -> Tuple[str, int]:
-    """Under a torch.distributed NCCL process group: an NCCL id made by rank 0 and sent to the
-    others through torch.distributed, and this rank's current CUDA device; ("", 0) otherwise
-    (the host shared-memory backend)."""
-    if torch.distributed.get_backend() != "nccl":
-        return "", 0
-    nccl_id = [_zoffload.new_nccl_id() if rank == 0 else None]
-    torch.distributed.broadcast_object_list(nccl_id, src=0)
-    return str(nccl_id[0]), torch.cuda.current_device()
+def _bootstrap(rank: int) -> Tuple[str, str, int]:
+    """What the ranks of a ZeRO run share, made by rank 0 and sent to the others in one
+    torch.distributed broadcast: the run's name (its shared-memory segment is named after it)
+    and, under an NCCL process group, an NCCL id (else ""); with this rank's CUDA device for
+    NCCL (else 0)."""
+    nccl = torch.distributed.get_backend() == "nccl"
+    shared = [(f"{os.getpid()}-{secrets.token_hex(6)}",
+               _zoffload.new_nccl_id() if nccl else "") if rank == 0 else None]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    run, nccl_id = shared[0]
+    return run, nccl_id, torch.cuda.current_device() if nccl else 0
 
 
 def _unregister(block: torch.Tensor) -> None:
     """Unpins a block _host_copies registered, once no copy reads it."""
     torch.cuda.synchronize()
     torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(block.data_ptr()))
+
+
+def _drop(own: List[Tuple[str, torch.Tensor]]) -> None:
+    """Empties a module's parameters (their values stay in host memory)."""
+    for _, p in own:
+        p.data = _empty_like(p)
 
 
 def _empty_like(t: torch.Tensor) -> torch.Tensor:

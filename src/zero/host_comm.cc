@@ -186,16 +186,13 @@ Status HostComm::Barrier() {
   return Status::Ok();
 }
 
+// Every rank's call word is stored before the barrier, and none changes before the next one:
+// ranks that called different collectives (a bug in the caller's order) all see it, and fail
+// instead of mixing each other's data.
 Status HostComm::Begin(uint64_t kind, uint64_t size) {
-  header_->call[options_.rank].store(kind << kKindShift | size, std::memory_order_release);
-  return Barrier();
-}
-
-// Every rank's call word was stored before the barrier just passed, and none changes before
-// the next one: ranks that called different collectives (a bug in the caller's order) all see
-// it, and fail instead of mixing each other's data.
-Status HostComm::CheckSameCall() {
-  const uint64_t mine = header_->call[options_.rank].load(std::memory_order_acquire);
+  const uint64_t mine = kind << kKindShift | size;
+  header_->call[options_.rank].store(mine, std::memory_order_release);
+  ZO_RETURN_IF_ERROR(Barrier());
   for (int q = 0; q < options_.world; ++q) {
     const uint64_t theirs = header_->call[q].load(std::memory_order_acquire);
     if (theirs != mine) {
@@ -228,7 +225,6 @@ Status HostComm::AllReduceSum(float* data, uint64_t n) {
     const uint64_t len = std::min(chunk, n - first);
     std::memcpy(mine, data + first, len * 4);
     ZO_RETURN_IF_ERROR(first == 0 ? Begin(kAllReduce, n) : Barrier());
-    if (first == 0) ZO_RETURN_IF_ERROR(CheckSameCall());
     AddInRankOrder(0, len, data + first);
     ZO_RETURN_IF_ERROR(Barrier());
   }
@@ -245,7 +241,6 @@ Status HostComm::ReduceScatterSum(const float* send, float* recv, uint64_t count
     for (uint64_t k = 0; k < world; ++k)
       std::memcpy(mine + k * len, send + k * count + first, len * 4);
     ZO_RETURN_IF_ERROR(first == 0 ? Begin(kReduceScatter, count) : Barrier());
-    if (first == 0) ZO_RETURN_IF_ERROR(CheckSameCall());
     AddInRankOrder(me * len, len, recv + first);
     ZO_RETURN_IF_ERROR(Barrier());
   }
@@ -260,7 +255,6 @@ Status HostComm::AllGather(const void* send, void* recv, uint64_t bytes) {
     const uint64_t len = std::min(chunk, bytes - first);
     std::memcpy(region(options_.rank), in + first, len);
     ZO_RETURN_IF_ERROR(first == 0 ? Begin(kAllGather, bytes) : Barrier());
-    if (first == 0) ZO_RETURN_IF_ERROR(CheckSameCall());
     for (int q = 0; q < options_.world; ++q) {
       std::memcpy(out + static_cast<uint64_t>(q) * bytes + first, region(q), len);
     }

@@ -55,10 +55,9 @@ class HostComm final : public Communicator {
   std::byte* region(int rank) const;
   void AddInRankOrder(uint64_t at, uint64_t n, float* out) const;
   Status Broken() const;
-  /// Stores this rank's call word (a collective's kind and size), then meets the others.
+  /// A collective's first barrier: stores this rank's call word (the collective's kind and
+  /// size), meets the others, and fails naming both calls if another rank's word differs.
   Status Begin(uint64_t kind, uint64_t size);
-  /// After Begin: an error naming both calls when another rank's call word differs.
-  Status CheckSameCall();
 
   Options options_;
   void* map_ = nullptr;
