@@ -16,11 +16,13 @@ Systems (--systems, comma-separated; default: all):
                  no fp32 master (labelled so: not lossless)
   deepspeed_z2   DeepSpeed ZeRO-2 + offload_optimizer cpu (pin_memory, overlap_comm)
   deepspeed_z3   DeepSpeed ZeRO-3 + offload_param/offload_optimizer cpu, zero.Init
-  zoffload:OVERLAP:STATE[:tN][:params[:nopf]]   e.g. zoffload:none:fp32, zoffload:delayed:bf16;
-                 tN: N CPU Adam threads (default: all cores, one fewer with overlap); params:
-                 stage 3 with offload_param cpu (the parameters in host memory, fetched per
-                 module: models bigger than the GPU); nopf: without prefetch (each module's
-                 copy starts at its use: the fetch time that prefetch hides)
+  zoffload:OVERLAP:STATE[:tN][:params[:nopf][:pnvme]][:nvmeR]   e.g. zoffload:none:fp32,
+                 zoffload:delayed:bf16; tN: N CPU Adam threads (default: all cores, one fewer
+                 with overlap); params: stage 3 with offload_param cpu (the parameters in host
+                 memory, fetched per module: models bigger than the GPU); nopf: without
+                 prefetch (each module's copy starts at its use: the fetch time that prefetch
+                 hides); pnvme: the parameters' values on NVMe (offload_param nvme); nvmeR:
+                 the share R of the optimizer state on NVMe (e.g. nvme0.2). NVMe is --nvme-dir.
 A system that fails (out of memory, killed, import error) is a result: its exit status and
 the last lines it printed are recorded.
 
@@ -30,6 +32,7 @@ usage: bench/finetune_7b.py [--systems ...] [--layers 32] [--steps 6] [--out DIR
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -188,6 +191,13 @@ def run_zoffload(args, name):
     _, args.overlap, args.state, *rest = name.split(":")
     args.offload_param = "params" in rest
     args.prefetch_elements = 0 if "nopf" in rest else None
+    args.param_nvme = "pnvme" in rest
+    ratio = [r for r in rest if r.startswith("nvme")]
+    args.nvme_ratio = float(ratio[0][4:]) if ratio else 0.0
+    args.nvme = ""
+    if args.param_nvme or args.nvme_ratio > 0:
+        args.nvme = os.path.join(os.path.abspath(args.nvme_dir), name.replace(":", "_"))
+        os.makedirs(args.nvme, exist_ok=True)
     threads = [r for r in rest if r.startswith("t")]
     if threads:
         args.threads = int(threads[0].lstrip("t"))
@@ -226,7 +236,8 @@ def drive(args):
         cmd = [sys.executable, os.path.abspath(__file__), "--system", name, "--json", path,
                "--layers", str(args.layers), "--steps", str(args.steps), "--batch",
                str(args.batch), "--seq", str(args.seq), "--accumulation", str(args.accumulation),
-               "--gpu-mem-cap", args.gpu_mem_cap, "--lr", str(args.lr)] + \
+               "--gpu-mem-cap", args.gpu_mem_cap, "--lr", str(args.lr),
+               "--nvme-dir", args.nvme_dir] + \
             (["--trace"] if args.trace else [])
         print(f"== {name}", flush=True)
         start = time.time()
@@ -248,6 +259,8 @@ def drive(args):
             result = {"system": name, "failed": True, "exit": code, "why": tail}
             print(f"  FAILED ({code}): " + " | ".join(tail)[-600:], flush=True)
         result["wall_seconds"] = time.time() - start
+        # The system's NVMe files (a killed run leaves them).
+        shutil.rmtree(os.path.join(args.nvme_dir, name.replace(":", "_")), ignore_errors=True)
         results.append(result)
     report(args, results)
 
@@ -340,6 +353,8 @@ def main():
     ap.add_argument("--systems", default=",".join(ALL))
     ap.add_argument("--out", default="finetune_7b_out")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per system")
+    ap.add_argument("--nvme-dir", default=".",
+                    help="where systems with pnvme or nvmeR keep their files (a directory each)")
     ap.add_argument("--trace", action="store_true",
                     help="write each zoffload system's timeline to OUT/SYSTEM_trace.json")
     args = ap.parse_args()

@@ -7,6 +7,9 @@ master weights and Adam moments in host memory; bf16 weights on the GPU).
     python examples/finetune_7b.py --layers 16                    # 3.5B, the same shape otherwise
     python examples/finetune_7b.py --layers 60 --state int8 --offload-param   # ~12.5B: the
         # parameters stay in host memory and each layer is copied to the GPU when it runs
+    python examples/finetune_7b.py --layers 64 --state int8 --offload-param --nvme /mnt/nvme \
+        --nvme-ratio 0.2                                          # 13.2B: a fifth of the
+        # optimizer state on NVMe (--param-nvme: the parameters' values there too)
 
 The model: hidden 4096, intermediate 11008, 32 layers, 32 heads, vocab 32000 (Llama-2-7B's
 shape, 6.74B parameters), bf16, gradient checkpointing, batch 4 x 2048 tokens (one fixed batch
@@ -152,10 +155,17 @@ def forward_backward(model, tokens, accumulation):
 
 
 def zoffload_config(args):
-    zero = {"stage": 2, "reduce_bucket_size": 50_000_000,
-            "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    nvme = getattr(args, "nvme", "")
+    state = {"device": "cpu", "pin_memory": True}
+    if nvme and getattr(args, "nvme_ratio", 0) > 0:
+        state = {"device": "nvme", "nvme_path": nvme, "pin_memory": True,
+                 "ratio": args.nvme_ratio}
+    zero = {"stage": 2, "reduce_bucket_size": 50_000_000, "offload_optimizer": state}
     if getattr(args, "offload_param", False):
-        zero.update(stage=3, offload_param={"device": "cpu", "pin_memory": True})
+        values = {"device": "cpu", "pin_memory": True}
+        if nvme and getattr(args, "param_nvme", False):
+            values = {"device": "nvme", "nvme_path": nvme, "pin_memory": True}
+        zero.update(stage=3, offload_param=values)
         if getattr(args, "prefetch_elements", None) is not None:
             zero["stage3_prefetch_bucket_size"] = args.prefetch_elements
     return {
@@ -190,7 +200,9 @@ def run_zoffload(args, name=""):
                                           model=model)
     model.cuda()  # its buffers; with --offload-param the parameters are empty until used
     torch.cuda.empty_cache()  # with --offload-param the parameters have left the GPU
-    cap_gpu(args, held_elsewhere=opt.engine.gpu_bytes)
+    # (Parameters on NVMe: ZeRO in one process, whose buffers are in host memory.)
+    gpu_bytes = opt.engine.gpu_bytes if opt.zero is None else 0
+    cap_gpu(args, held_elsewhere=gpu_bytes)
 
     def step():
         opt.step()
@@ -199,10 +211,9 @@ def run_zoffload(args, name=""):
 
     default_name = f"zoffload:{args.overlap}:{args.state}" + (
         ":params" if getattr(args, "offload_param", False) else "")
-    meter = measure(args, name or default_name, model, tokens, step,
-                    extra_gpu=opt.engine.gpu_bytes)
+    meter = measure(args, name or default_name, model, tokens, step, extra_gpu=gpu_bytes)
     opt.flush()
-    meter.host_bytes = opt.engine.host_bytes
+    meter.host_bytes = opt.engine.host_bytes if opt.zero is None else None
     return meter
 
 
@@ -218,7 +229,19 @@ def main():
     ap.add_argument("--offload-param", action="store_true",
                     help="ZeRO stage 3 with offload_param cpu: the parameters live in host "
                          "memory and each layer is copied to the GPU when it runs")
+    ap.add_argument("--nvme", default="", metavar="DIR",
+                    help="a directory on NVMe for what --nvme-ratio and --param-nvme put there")
+    ap.add_argument("--nvme-ratio", type=float, default=1.0,
+                    help="with --nvme: the share of the optimizer state on NVMe (the rest in "
+                         "host memory); 0: none")
+    ap.add_argument("--param-nvme", action="store_true",
+                    help="with --nvme and --offload-param: the parameters' values on NVMe too "
+                         "(offload_param nvme), read ahead of use into a host cache")
     args = ap.parse_args()
+    if (args.param_nvme or args.nvme_ratio != 1.0) and not args.nvme:
+        ap.error("--nvme-ratio and --param-nvme need --nvme DIR")
+    if args.param_nvme and not args.offload_param:
+        ap.error("--param-nvme needs --offload-param")
     meter = run_zoffload(args)
     meter.summary(host_bytes=meter.host_bytes)
 

@@ -99,11 +99,18 @@ class Lease {
   Access access_ = Access::kRead;
 };
 
+struct StoreOptions {
+  /// The host copies of nvme tensors (the NVMe cache) take at most this many bytes, evicted as
+  /// the host budget's are; 0: only the host budget bounds them.
+  uint64_t nvme_cache_bytes = 0;
+};
+
 class TensorStore {
  public:
   /// A store whose budgets, swap space, pinned memory and copy engine are `context`'s
   /// (which must outlive it).
-  static Result<std::unique_ptr<TensorStore>> Open(RuntimeContext& context);
+  static Result<std::unique_ptr<TensorStore>> Open(RuntimeContext& context,
+                                                   StoreOptions options = {});
   ~TensorStore();
   TensorStore(const TensorStore&) = delete;
   TensorStore& operator=(const TensorStore&) = delete;

@@ -24,7 +24,11 @@ How it works:
    checkpointed block: its recomputed forward, then its backward) keeps its parameters in
    between, up to stage3_max_live_parameters elements kept at once. So a model whose
    parameters exceed the GPU trains on it. A parameter must be used inside the module that
-   holds it (read one elsewhere with ``parameter_values``).
+   holds it (read one elsewhere with ``parameter_values``). With offload_param "nvme" the
+   values live on NVMe instead: ZeRO at world size 1 (item 5) keeps them in its tensor store,
+   in a host cache of offload_param.max_in_cpu elements, and from the second step reads the
+   next modules' values from NVMe ahead of use, in the last step's order; the fetches are
+   ZeRO's (no side-stream prefetch or reuse).
 5. ZeRO across ranks (``torch.distributed`` initialized with a world size > 1) partitions the
    work (zero_optimization.stage): each rank keeps 1/N of the optimizer state (stage 1), of the
    gradients (2) and of the parameters (3, fetched per module as above, collectively), over the
@@ -147,23 +151,22 @@ class OffloadOptimizer(torch.optim.Optimizer):
         world, rank = _world()
         # Stage 3 in one process with offload_param "cpu": the parameters' values live in host
         # memory (pinned with a GPU), which the engine updates in place (its host mode); each
-        # module copies its own to the device before use.
+        # module copies its own to the device before use. With offload_param "nvme" they live
+        # on NVMe: ZeRO at world size 1 keeps them in its tensor store (a host cache of
+        # max_in_cpu elements, read ahead in the last step's order), and each fetch gathers.
         offload = world == 1 and zc["stage"] == 3 and zc["offload_param"]["device"] == "cpu"
-        if (world > 1 or offload) and model is None:
+        on_nvme = world == 1 and zc["offload_param"]["device"] == "nvme"
+        if (world > 1 or offload or on_nvme) and model is None:
             raise _zoffload.InvalidArgument(
                 "OffloadOptimizer: zero_optimization.stage 3 with offload_param, or ZeRO across "
                 "ranks, needs model= (its modules fetch their parameters before use)"
             )
-        if world == 1 and zc["offload_param"]["device"] == "nvme":
-            raise _zoffload.Unimplemented(
-                "OffloadOptimizer: zero_optimization.offload_param.device \"nvme\" is not "
-                "supported yet; use \"cpu\""
-            )
-        # ZeRO across ranks with GPU parameters: the ranks communicate in host memory, so the
-        # gradients go there, and (stages 1-2) each rank's parameters are uploaded from there
-        # after every step.
-        self._host_grads = offload or (world > 1 and self._cuda)
-        self._upload = world > 1 and self._cuda and zc["stage"] < 3
+        # ZeRO (across ranks, or with the parameters on NVMe) with GPU parameters: it works in
+        # host memory, so the gradients go there, and (stages 1-2) each rank's parameters are
+        # uploaded from there after every step.
+        zero = world > 1 or on_nvme
+        self._host_grads = offload or (zero and self._cuda)
+        self._upload = zero and self._cuda and zc["stage"] < 3
         self._host_values: Dict[str, torch.Tensor] = {}  # the values the optimizer writes
         self._persistent: Dict[str, torch.Tensor] = {}  # stage 3: the ones kept on the device
         self._pending: List[Tuple[str, torch.Tensor, Any]] = []  # gradients on their way
@@ -179,8 +182,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._engine: Optional[_zoffload.Engine] = None
         self._zero: Optional[_zoffload.Zero] = None
         self._fetch_hooks: List[Any] = []
-        if world > 1:
-            run, nccl_id, device = _bootstrap(rank)
+        if zero:
+            run, nccl_id, device = _bootstrap(rank) if world > 1 else (_run_name(), "", 0)
             self._zero = _zoffload.Zero(
                 self._config_json, spec, hypers, run, rank, world,
                 cfg["zoffload"]["comm_timeout_seconds"], nccl_id, device
@@ -189,7 +192,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 self._host_values = {}
         else:
             self._engine = _zoffload.Engine(self._config_json, spec, hypers)
-        self._partitioned = offload or (world > 1 and zc["stage"] == 3)
+        self._partitioned = offload or (zero and zc["stage"] == 3)
         if self._partitioned:
             self._fetch_per_module(model, zc)
         self._sent = hypers
@@ -731,11 +734,15 @@ def _bootstrap(rank: int) -> Tuple[str, str, int]:
     and, under an NCCL process group, an NCCL id (else ""); with this rank's CUDA device for
     NCCL (else 0)."""
     nccl = torch.distributed.get_backend() == "nccl"
-    shared = [(f"{os.getpid()}-{secrets.token_hex(6)}",
-               _zoffload.new_nccl_id() if nccl else "") if rank == 0 else None]
+    shared = [(_run_name(), _zoffload.new_nccl_id() if nccl else "") if rank == 0 else None]
     torch.distributed.broadcast_object_list(shared, src=0)
     run, nccl_id = shared[0]
     return run, nccl_id, torch.cuda.current_device() if nccl else 0
+
+
+def _run_name() -> str:
+    """A name of a ZeRO run's own (its shared-memory segment is named after it)."""
+    return f"{os.getpid()}-{secrets.token_hex(6)}"
 
 
 def _unregister(block: torch.Tensor) -> None:

@@ -881,8 +881,7 @@ std::vector<std::string> UnusedConfigKeys() {
           "zero_optimization.overlap_comm",
           "zero_optimization.allgather_bucket_size",
           "zero_optimization.offload_param.buffer_count",
-          "zero_optimization.offload_param.buffer_size",
-          "zero_optimization.offload_param.max_in_cpu"};
+          "zero_optimization.offload_param.buffer_size"};
 }
 
 std::vector<std::string> AcceptedConfigKeys() {

@@ -93,8 +93,9 @@ using internal::DeviceCopy;
 using internal::StoreEntry;
 
 struct TensorStore::Impl {
-  explicit Impl(internal::Runtime& runtime) : rt(runtime) {}
+  Impl(internal::Runtime& runtime, StoreOptions o) : rt(runtime), options(o) {}
   internal::Runtime& rt;  // budgets, swap space, pinned pool, copy engine
+  StoreOptions options;
   // Guards the entries and counters. Nobody waits for a move (a D2H copy, an NVMe write, an
   // upload) while holding it: moves run through Unlocked, with the entry marked busy.
   mutable std::mutex mu;
@@ -102,6 +103,7 @@ struct TensorStore::Impl {
   std::unordered_map<std::string, std::unique_ptr<StoreEntry>> entries;
   SwapSpace* swap = nullptr;  // the context's, once the first nvme tensor is registered
   uint64_t host_used = 0, gpu_used = 0, tick = 0;  // this store's share of the budgets
+  uint64_t cache_used = 0;                         // of host_used: the host copies of nvme tensors
   Stats stats;
   // Next-use eviction: the acquisition order until a key comes round again, then the cycle.
   std::vector<std::string> history;
@@ -240,13 +242,17 @@ struct TensorStore::Impl {
     return Status::Ok();
   }
 
-  // Frees host copies of nvme tensors until `bytes` more fit in the host budget (mu held by
-  // `lock`, released during write-backs).
-  Status MakeRoom(std::unique_lock<std::mutex>& lock, uint64_t bytes, const std::string& for_key) {
+  // Frees host copies of nvme tensors until `bytes` more fit in the host budget and, for an
+  // nvme tensor's copy (`cache`), in options.nvme_cache_bytes (mu held by `lock`, released
+  // during write-backs).
+  Status MakeRoom(std::unique_lock<std::mutex>& lock, uint64_t bytes, const std::string& for_key,
+                  bool cache) {
     auto evictable = [](StoreEntry& e) {
       return e.home == Tier::kNvme && !e.host.empty() && e.host_leases + e.gpu_leases == 0;
     };
-    while (!rt.host_budget().Fits(bytes)) {
+    const uint64_t cap = options.nvme_cache_bytes;
+    auto over_cap = [&] { return cache && cap > 0 && cache_used + bytes > cap; };
+    while (!rt.host_budget().Fits(bytes) || over_cap()) {
       StoreEntry* victim = Victim([&evictable](StoreEntry& e) {
         if (!evictable(e) || e.busy > 0) return false;
         std::lock_guard move_lock(e.move_mu);
@@ -256,6 +262,23 @@ struct TensorStore::Impl {
           Victim([&evictable](StoreEntry& e) { return evictable(e) && e.busy > 0; }) != nullptr) {
         idle.wait(lock);  // another thread is evicting: its room may be enough
         continue;
+      }
+      // Unleased but loading (a prefetch): its read ends on its own, then it can go. (A failed
+      // read leaves nothing to keep: the entry goes, and its next use reads it again.)
+      StoreEntry* loading = victim != nullptr ? nullptr : Victim([&evictable](StoreEntry& e) {
+        return evictable(e) && e.busy == 0;
+      });
+      if (loading != nullptr) {
+        Unlocked(lock, *loading, [loading] {
+          return Await(*loading, &StoreEntry::load);
+        }).IgnoreError();
+        continue;
+      }
+      if (victim == nullptr && over_cap()) {
+        return ResourceExhaustedError(StrCat("tensor store: the host cache of NVMe tensors (",
+                                             HumanBytes(cap), ") cannot hold '", for_key, "' (",
+                                             HumanBytes(bytes), "): ", HumanBytes(cache_used),
+                                             " of it is leased or loading"));
       }
       if (victim == nullptr) {
         return ResourceExhaustedError(
@@ -267,6 +290,7 @@ struct TensorStore::Impl {
       ZO_RETURN_IF_ERROR(DropDevice(lock, *victim));
       if (victim->dirty) ZO_RETURN_IF_ERROR(WriteBack(lock, *victim));
       host_used -= victim->bytes;
+      cache_used -= victim->bytes;
       victim->host.Reset();
       ++stats.evictions;
     }
@@ -306,9 +330,10 @@ struct TensorStore::Impl {
       return Status::Ok();
     }
     ++stats.misses;
-    ZO_RETURN_IF_ERROR(MakeRoom(lock, e.bytes, e.key));
+    ZO_RETURN_IF_ERROR(MakeRoom(lock, e.bytes, e.key, true));
     ZO_ASSIGN_OR_RETURN(e.host, AllocateHost(e.bytes, e.key));
     host_used += e.bytes;
+    cache_used += e.bytes;
     if (!read) return Status::Ok();
     if (!e.on_disk) {  // never written: zeros
       std::memset(e.host.data(), 0, e.bytes);
@@ -446,6 +471,7 @@ Result<Lease> TensorStore::FinishLease(StoreEntry& e, Tier at, Access access, co
     s.DropDevice(lock, e).IgnoreError();  // a GPU copy of this tensor was never filled
     if (!loaded.ok() && e.home == Tier::kNvme && !e.host.empty()) {
       s.host_used -= e.bytes;
+      s.cache_used -= e.bytes;
       e.host.Reset();
     }
   }
@@ -463,8 +489,10 @@ TensorStore::~TensorStore() {
   }
 }
 
-Result<std::unique_ptr<TensorStore>> TensorStore::Open(RuntimeContext& context) {
-  return std::unique_ptr<TensorStore>(new TensorStore(std::make_unique<Impl>(context.impl())));
+Result<std::unique_ptr<TensorStore>> TensorStore::Open(RuntimeContext& context,
+                                                       StoreOptions options) {
+  return std::unique_ptr<TensorStore>(
+      new TensorStore(std::make_unique<Impl>(context.impl(), options)));
 }
 
 Status TensorStore::Register(const std::string& key, DType dtype, uint64_t elements, Tier home) {
@@ -486,7 +514,7 @@ Status TensorStore::Register(const std::string& key, DType dtype, uint64_t eleme
   e->home = home;
   switch (home) {
     case Tier::kHost: {
-      ZO_RETURN_IF_ERROR(s.MakeRoom(lock, bytes, key));
+      ZO_RETURN_IF_ERROR(s.MakeRoom(lock, bytes, key, false));
       if (s.entries.contains(key)) return registered();  // while room was made
       ZO_ASSIGN_OR_RETURN(e->host, s.AllocateHost(bytes, key));
       std::memset(e->host.data(), 0, bytes);
@@ -535,6 +563,7 @@ Status TensorStore::Unregister(const std::string& key) {
    }).IgnoreError();
   // Nobody leased it meanwhile (it was busy), and it is not busy now.
   if (!e.host.empty()) s.host_used -= e.bytes;
+  if (!e.host.empty() && e.home == Tier::kNvme) s.cache_used -= e.bytes;
   if (e.device != nullptr) s.gpu_used -= e.bytes;
   if (e.home == Tier::kNvme) ZO_RETURN_IF_ERROR(s.swap->Remove(key));
   s.entries.erase(key);

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <map>
 
 #include "common/strings.h"
 #include "cpu_adam/adam_math.h"
@@ -23,31 +25,45 @@ double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Writes the new values of the owned spans (OptimizerState's tensors) into the partition.
+// Writes the new values of the owned spans (OptimizerState's tensors) into their memory, which
+// `values` gives for overwriting: a span's at its first chunk, let go after its last.
 class PartitionSink final : public ParamSink {
  public:
-  PartitionSink(std::byte* values, const std::vector<BucketPlan::Span>& owned, DType dtype)
-      : values_(values), owned_(owned), dtype_(dtype) {}
+  PartitionSink(std::function<Result<SpanValues>(size_t)> values,
+                const std::vector<BucketPlan::Span>& owned, DType dtype)
+      : values_(std::move(values)), owned_(owned), dtype_(dtype) {}
   Result<void*> Begin(size_t tensor, uint64_t first, uint64_t /*n*/) override {
-    return static_cast<void*>(At(tensor, first));
+    auto it = open_.find(tensor);
+    if (it == open_.end()) {
+      ZO_ASSIGN_OR_RETURN(SpanValues v, values_(tensor));
+      it = open_.emplace(tensor, std::move(v)).first;
+    }
+    return static_cast<void*>(it->second.data + first * DTypeBytes(dtype_));
   }
   Status End(size_t tensor, uint64_t first, uint64_t n, const float* master) override {
-    if (dtype_ == DType::kFp32) std::memcpy(At(tensor, first), master, 4 * n);
+    const auto it = open_.find(tensor);
+    if (it == open_.end()) {
+      return InternalError(StrCat("ZeRO: span ", tensor, " ended without a beginning"));
+    }
+    if (dtype_ == DType::kFp32) std::memcpy(it->second.data + 4 * first, master, 4 * n);
+    if (first + n == owned_[tensor].n) open_.erase(it);
     return Status::Ok();
   }
 
  private:
-  std::byte* At(size_t tensor, uint64_t first) const {
-    return values_ + (owned_[tensor].offset + first) * DTypeBytes(dtype_);
-  }
-  std::byte* values_;
+  std::function<Result<SpanValues>(size_t)> values_;
   const std::vector<BucketPlan::Span>& owned_;
   DType dtype_;
+  std::map<size_t, SpanValues> open_;
 };
 
 }  // namespace
 
-ZeroOptimizer::~ZeroOptimizer() = default;
+ZeroOptimizer::~ZeroOptimizer() {
+  // The values on NVMe are this run's working copy (a checkpoint holds the masters): their
+  // space is given back.
+  for (const std::string& key : value_keys_) store_->Unregister(key).IgnoreError();
+}
 
 uint64_t ZeroOptimizer::bytes_per_element() const { return DTypeBytes(dtype_); }
 
@@ -67,11 +83,6 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
     return InvalidArgumentError(
         StrCat("ZeRO: zero_optimization.stage must be 1, 2 or 3 to partition across ranks, got ",
                zc.stage));
-  }
-  if (zc.stage == 3 && zc.offload_param.device == OffloadDevice::kNvme) {
-    return UnimplementedError(
-        "ZeRO: zero_optimization.offload_param.device \"nvme\" is not supported with host "
-        "parameters yet; use \"cpu\" (the partition then stays in host memory)");
   }
   if (config.zoffload.overlap != Overlap::kNone) {
     return InvalidArgumentError(
@@ -180,9 +191,22 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
   ZO_ASSIGN_OR_RETURN(z->grads_,
                       z->rt_->AllocateHost(4 * part, "ZeRO: the partition's gradient sums", false));
   std::memset(z->grads_.data(), 0, z->grads_.size());
-  ZO_ASSIGN_OR_RETURN(
-      z->values_, z->rt_->AllocateHost(element * part, "ZeRO: the partition's parameters", false));
-  std::memset(z->values_.data(), 0, z->values_.size());
+  if (z->stage_ == 3 && zc.offload_param.device == OffloadDevice::kNvme) {
+    StoreOptions store;
+    store.nvme_cache_bytes = static_cast<uint64_t>(zc.offload_param.max_in_cpu) * element;
+    ZO_ASSIGN_OR_RETURN(z->store_, TensorStore::Open(*context, store));
+    for (const BucketPlan::Span& s : z->owned_) {
+      std::string key =
+          StrCat("zero-values/", specs[s.tensor].name, "[", s.first, ":", s.first + s.n, "]");
+      ZO_RETURN_IF_ERROR(z->store_->Register(key, z->dtype_, s.n, Tier::kNvme)
+                             .WithContext("ZeRO: offload_param nvme"));
+      z->value_keys_.push_back(std::move(key));
+    }
+  } else {
+    ZO_ASSIGN_OR_RETURN(z->values_, z->rt_->AllocateHost(
+                                        element * part, "ZeRO: the partition's parameters", false));
+    std::memset(z->values_.data(), 0, z->values_.size());
+  }
   if (z->stage_ == 1) {
     ZO_ASSIGN_OR_RETURN(z->full_grads_, z->rt_->AllocateHost(
                                             4 * full_at, "ZeRO stage 1: the gradient sums", false));
@@ -200,7 +224,8 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
       const BucketPlan::Span& s = z->owned_[k];
       const ParameterSpec& spec = specs[s.tensor];
       const std::byte* values = static_cast<const std::byte*>(spec.data) + s.first * element;
-      std::memcpy(z->values_.data() + s.offset * element, values, s.n * element);
+      ZO_ASSIGN_OR_RETURN(SpanValues mine, z->OwnedValues(k, Access::kWrite));
+      std::memcpy(mine.data, values, s.n * element);
       const float* initial = spec.initial != nullptr ? spec.initial + s.first : nullptr;
       if (initial == nullptr) {
         master.resize(s.n);
@@ -283,10 +308,50 @@ Status ZeroOptimizer::GradientReady(std::string_view name, const void* grad, uin
   return Status::Ok();
 }
 
-Status ZeroOptimizer::GatherBucket(size_t b, const std::byte* partition, uint64_t element,
-                                   std::byte* out) {
-  return comm_.AllGather(partition + bucket_offset_[b] * element, out, plan_.slice(b) * element)
+Status ZeroOptimizer::GatherBucket(size_t b, std::byte* out) {
+  const uint64_t element = bytes_per_element();
+  return comm_
+      .AllGather(values_.data() + bucket_offset_[b] * element, out, plan_.slice(b) * element)
       .WithContext(StrCat("ZeRO: all-gather of bucket ", b));
+}
+
+Result<SpanValues> ZeroOptimizer::OwnedValues(size_t k, Access access) {
+  SpanValues v;
+  if (store_ == nullptr) {
+    v.data = values_.data() + owned_[k].offset * bytes_per_element();
+    return v;
+  }
+  ZO_ASSIGN_OR_RETURN(v.lease, store_->Acquire(value_keys_[k], access).Get());
+  v.data = v.lease.data();
+  return v;
+}
+
+void ZeroOptimizer::ReadAhead(size_t t) {
+  const size_t at = gathered_.size();
+  gathered_.push_back(t);
+  if (at < last_gathered_.size() && last_gathered_[at] == t) ReadFrom(at + 1);
+}
+
+void ZeroOptimizer::ReadFrom(size_t next) {
+  const ZeroConfig& zc = config_.zero_optimization;
+  // Half the cache at most: what is read ahead must not evict what is in use.
+  const auto window = static_cast<uint64_t>(
+      std::min(zc.stage3_prefetch_bucket_size, zc.offload_param.max_in_cpu / 2));
+  if (window == 0) return;
+  auto owned = [this](size_t t) {
+    uint64_t n = 0;
+    for (size_t k : params_[t].owned) n += owned_[k].n;
+    return n;
+  };
+  ahead_ = std::max(ahead_, next);
+  uint64_t pending = 0;
+  for (size_t i = next; i < ahead_; ++i) pending += owned(last_gathered_[i]);
+  while (ahead_ < last_gathered_.size() &&
+         (ahead_ == next || pending + owned(last_gathered_[ahead_]) <= window)) {
+    for (size_t k : params_[last_gathered_[ahead_]].owned) store_->Prefetch(value_keys_[k]);
+    pending += owned(last_gathered_[ahead_]);
+    ++ahead_;
+  }
 }
 
 Status ZeroOptimizer::AllGatherParameters() {
@@ -294,7 +359,7 @@ Status ZeroOptimizer::AllGatherParameters() {
   std::vector<std::byte> bucket;
   for (size_t b = 0; b < plan_.buckets().size(); ++b) {
     bucket.resize(plan_.buckets()[b].padded * element);
-    ZO_RETURN_IF_ERROR(GatherBucket(b, values_.data(), element, bucket.data()));
+    ZO_RETURN_IF_ERROR(GatherBucket(b, bucket.data()));
     for (const BucketPlan::Span& s : plan_.buckets()[b].spans) {
       std::memcpy(static_cast<std::byte*>(params_[s.tensor].data) + s.first * element,
                   bucket.data() + s.offset * element, s.n * element);
@@ -351,7 +416,9 @@ Result<EngineStepStats> ZeroOptimizer::Step() {
       grads.push_back({grads_.as<float>() + s.offset, DType::kFp32, nullptr, CopyFor(dtype_),
                        &hypers[params_[s.tensor].group]});
     }
-    PartitionSink sink(values_.data(), owned_, dtype_);
+    // (With the values on NVMe a span is overwritten without being read: after a failed step
+    // the values of the spans it was updating are undefined, as the run's state is.)
+    PartitionSink sink([this](size_t k) { return OwnedValues(k, Access::kWrite); }, owned_, dtype_);
     auto stepped = state_->Step(grads, base, scale, max_norm, &sink, {}, &norm);
     if (!stepped.ok()) return stepped.status().WithContext("Step");
     result = *stepped;
@@ -367,6 +434,12 @@ Result<EngineStepStats> ZeroOptimizer::Step() {
   }
   scaler_.Update(result.skipped);
   for (Param& p : params_) p.received = 0;
+  if (store_ != nullptr) {  // the next step's first reads start now
+    last_gathered_ = std::move(gathered_);
+    gathered_.clear();
+    ahead_ = 0;
+    ReadFrom(0);
+  }
   stats.step = steps_;
   stats.skipped = result.skipped;
   stats.grad_norm = result.grad_norm;
@@ -385,35 +458,52 @@ Status ZeroOptimizer::SetGroup(int index, const ParamGroup& group) {
   return Status::Ok();
 }
 
-Status ZeroOptimizer::GatherTensor(const Param& p, const std::byte* partition, uint64_t element,
-                                   void* out) {
-  std::vector<std::byte> gathered;
-  for (const auto& [b, s] : p.places) {
-    const uint64_t slice = plan_.slice(b);
-    const uint64_t owner = s.offset / slice;
-    if ((s.offset + s.n - 1) / slice == owner) {
-      // Within one rank's slice: every rank sends that window of its slice (the owner's is the
-      // one wanted), world x the span instead of the whole bucket.
-      const uint64_t at = bucket_offset_[b] + s.offset - owner * slice;
-      gathered.resize(static_cast<uint64_t>(comm_.world()) * s.n * element);
-      ZO_RETURN_IF_ERROR(comm_.AllGather(partition + at * element, gathered.data(), s.n * element)
-                             .WithContext(StrCat("ZeRO: all-gather in bucket ", b)));
-      std::memcpy(static_cast<std::byte*>(out) + s.first * element,
-                  gathered.data() + owner * s.n * element, s.n * element);
-      continue;
-    }
-    gathered.resize(plan_.buckets()[b].padded * element);
-    ZO_RETURN_IF_ERROR(GatherBucket(b, partition, element, gathered.data()));
-    std::memcpy(static_cast<std::byte*>(out) + s.first * element,
-                gathered.data() + s.offset * element, s.n * element);
-  }
-  return Status::Ok();
-}
-
 Status ZeroOptimizer::GatherParameter(std::string_view name, void* out) {
   ZO_ASSIGN_OR_RETURN(Param * p, Find(name, "GatherParameter"));
-  return GatherTensor(*p, values_.data(), bytes_per_element(), out)
-      .WithContext(StrCat("GatherParameter: '", p->name, "'"));
+  if (store_ != nullptr) ReadAhead(static_cast<size_t>(p - params_.data()));
+  const uint64_t element = bytes_per_element();
+  const auto me = static_cast<uint64_t>(comm_.rank());
+  for (const auto& [b, s] : p->places) {
+    // Ranks [first, last] hold the span's elements [lo(r), hi(r)) (bucket offsets); each sends
+    // `most` elements, its own first: world x the largest piece instead of the whole bucket.
+    const uint64_t slice = plan_.slice(b);
+    const uint64_t first = s.offset / slice, last = (s.offset + s.n - 1) / slice;
+    auto lo = [&](uint64_t r) { return std::max(s.offset, r * slice); };
+    auto hi = [&](uint64_t r) { return std::min(s.offset + s.n, (r + 1) * slice); };
+    uint64_t most = 0;
+    for (uint64_t r = first; r <= last; ++r) most = std::max(most, hi(r) - lo(r));
+    const uint64_t bytes = most * element;
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    const std::byte* send = scratch_.data();
+    SpanValues mine;
+    if (me >= first && me <= last) {
+      const uint64_t from = s.first + lo(me) - s.offset;
+      const auto span = std::find_if(p->owned.begin(), p->owned.end(),
+                                     [&](size_t k) { return owned_[k].first == from; });
+      if (span == p->owned.end()) {
+        return InternalError(StrCat("GatherParameter: '", p->name, "' has no span at ", from));
+      }
+      Result<SpanValues> leased = OwnedValues(*span, Access::kRead);
+      if (!leased.ok()) {
+        return leased.status().WithContext(StrCat("GatherParameter: '", p->name, "'"));
+      }
+      mine = std::move(*leased);
+      const uint64_t n = hi(me) - lo(me);
+      if (n == most) {
+        send = mine.data;
+      } else {
+        std::memcpy(scratch_.data(), mine.data, n * element);
+      }
+    }
+    gathered_values_.resize(static_cast<uint64_t>(comm_.world()) * bytes);
+    ZO_RETURN_IF_ERROR(comm_.AllGather(send, gathered_values_.data(), bytes)
+                           .WithContext(StrCat("GatherParameter: '", p->name, "' in bucket ", b)));
+    for (uint64_t r = first; r <= last; ++r) {
+      std::memcpy(static_cast<std::byte*>(out) + (s.first + lo(r) - s.offset) * element,
+                  gathered_values_.data() + r * bytes, (hi(r) - lo(r)) * element);
+    }
+  }
+  return Status::Ok();
 }
 
 Status ZeroOptimizer::GatherMaster(std::string_view name, float* out) {
@@ -572,7 +662,6 @@ Status ZeroOptimizer::Load(const std::string& dir) {
   for (size_t t = 0; checked.ok() && t < saved.size(); ++t) checked = read(*saved[t]);
   ZO_RETURN_IF_ERROR(Agree(checked, "Load"));
   const uint64_t moment = AdamMomentBytes(precision, 1);
-  const uint64_t element = bytes_per_element();
   for (size_t t = 0; t < params_.size(); ++t) {
     const Param& p = params_[t];
     const CheckpointEntry& c = *saved[t];
@@ -584,7 +673,8 @@ Status ZeroOptimizer::Load(const std::string& dir) {
       ZO_RETURN_IF_ERROR(
           state_->Write(k, master + s.first, m + s.first * moment, v + s.first * moment)
               .WithContext(StrCat("Load '", p.name, "'")));
-      CastFromFloat(master + s.first, values_.data() + s.offset * element, dtype_, s.n);
+      ZO_ASSIGN_OR_RETURN(SpanValues mine, OwnedValues(k, Access::kWrite));
+      CastFromFloat(master + s.first, mine.data, dtype_, s.n);
     }
     if (p.data != nullptr) CastFromFloat(master, p.data, dtype_, p.n);
   }

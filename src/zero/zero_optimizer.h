@@ -12,8 +12,12 @@
 //   arrived (during backward); a rank keeps fp32 sums of its partition only, and a bucket's
 //   buffer only until then.
 // - Stage 3: as stage 2, and a rank keeps only its partition of the parameters too:
-//   GatherParameter all-gathers the buckets that hold a parameter into the caller's memory
-//   (forward and backward pre-hooks gather, post-hooks drop it).
+//   GatherParameter all-gathers a parameter's pieces from the ranks that own them into the
+//   caller's memory (forward and backward pre-hooks gather, post-hooks drop it). With
+//   offload_param "nvme" the partition's values live in a TensorStore on NVMe, one tensor per
+//   owned span, cached in at most offload_param.max_in_cpu elements of host memory; from the
+//   second step each gather starts the reads of the next parameters of the previous step's
+//   order (up to stage3_prefetch_bucket_size elements ahead).
 // Step: the gradient norm is exact over every partition (ExactSquares, combined as integers),
 // hence the same at every world size; then inf/NaN skip (fp16 loss scale), clipping and the
 // update of this rank's partition, and at stages 1 and 2 the all-gather of the new values into
@@ -48,9 +52,17 @@
 #include "zoffload/engine.h"
 #include "zoffload/runtime.h"
 #include "zoffload/status.h"
+#include "zoffload/tensor_store.h"
 #include "zoffload/zero.h"
 
 namespace zoffload::internal::zero {
+
+// An owned span's parameter values in host memory: in the partition, or leased from the store
+// (offload_param nvme; held until this is destroyed).
+struct SpanValues {
+  std::byte* data = nullptr;
+  Lease lease;
+};
 
 class ZeroOptimizer {
  public:
@@ -102,10 +114,16 @@ class ZeroOptimizer {
   ZeroOptimizer(const Config& config, Communicator& comm) : config_(config), comm_(comm) {}
   Result<Param*> Find(std::string_view name, std::string_view call);
   uint64_t bytes_per_element() const;
-  // Every rank's slices of bucket b of `partition` (bytes per element `element`) into `out`.
-  Status GatherBucket(size_t b, const std::byte* partition, uint64_t element, std::byte* out);
-  // Parameter p's elements of `partition` (bytes per element `element`) from every rank.
-  Status GatherTensor(const Param& p, const std::byte* partition, uint64_t element, void* out);
+  // Every rank's slices of bucket b of its values into `out` (stages 1 and 2).
+  Status GatherBucket(size_t b, std::byte* out);
+  // Owned span k's values, to read or (kWrite) to overwrite.
+  Result<SpanValues> OwnedValues(size_t k, Access access);
+  // Stage 3 with the values in the store: parameter `t`'s gather is the next of this step;
+  // while the order is the last step's, starts the reads of the parameters that follow.
+  void ReadAhead(size_t t);
+  // Starts the reads of the last step's gathers from position `next` on, up to the read-ahead
+  // window (at least one parameter's).
+  void ReadFrom(size_t next);
   Status ReduceBucket(size_t b, int micro);
   Status BetweenSteps(std::string_view what) const;
   // Every rank's fp32 masters of bucket b into `master` (its padded elements) and, unless null,
@@ -136,8 +154,15 @@ class ZeroOptimizer {
   Runtime* rt_ = nullptr;
   std::unique_ptr<OptimizerState> state_;  // one tensor per owned span; null if none
   HostMemory grads_;                       // the partition's fp32 gradient sums
-  HostMemory values_;                      // the partition's parameter values (dtype)
-  HostMemory full_grads_;                  // stage 1: every bucket's fp32 sums, padded
+  HostMemory values_;  // the partition's parameter values (dtype), unless in the store
+  // offload_param nvme: the values, one tensor per owned span (value_keys_[k]), and the
+  // parameters gathered in this step and the last, the read-ahead's position in the last.
+  std::unique_ptr<TensorStore> store_;
+  std::vector<std::string> value_keys_;
+  std::vector<size_t> gathered_, last_gathered_;
+  size_t ahead_ = 0;
+  std::vector<std::byte> scratch_, gathered_values_;  // GatherParameter's buffers
+  HostMemory full_grads_;                             // stage 1: every bucket's fp32 sums, padded
   // Stages 2 and 3: the buckets being filled in this micro-batch (fp32, padded), their
   // elements received so far and the micro-batch they belong to.
   struct Filling {

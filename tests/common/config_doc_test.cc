@@ -50,11 +50,11 @@ TEST(ConfigDocTest, UnusedKeysAreMarkedWarnedAndComplete) {
   ParseOptions options;
   options.unused_keys = &reported;
   ASSERT_TRUE(ParseConfig(R"({"wall_clock_breakdown": true,
-      "zero_optimization": {"stage": 3, "offload_param": {"max_in_cpu": 5}, "reduce_bucket_size": 9}})",
+      "zero_optimization": {"stage": 3, "offload_param": {"buffer_count": 5}, "reduce_bucket_size": 9}})",
                           options)
                   .ok());
   EXPECT_EQ(reported, (std::vector<std::string>{"wall_clock_breakdown",
-                                                "zero_optimization.offload_param.max_in_cpu"}));
+                                                "zero_optimization.offload_param.buffer_count"}));
   // Every accepted key is read somewhere (C++, or zoffload.torch's Python), or listed.
   std::string sources;
   for (const char* dir : {"/src", "/include", "/python"}) {

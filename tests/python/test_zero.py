@@ -2,7 +2,8 @@
 torch.distributed (gloo, for the bootstrap) and zoffload's host shared-memory backend. Two ranks
 taking one micro-batch each end with the bits of one process (the OffloadEngine) taking both as
 accumulation steps: the same losses and parameters, at every stage. Stage 3 with offload_param
-in one process (parameters fetched per module from host memory) trains as the plain engine.
+in one process (parameters fetched per module from host memory, or from NVMe) trains as the
+plain engine.
 Between uses, stage 3 keeps no parameter values in the model; under activation checkpointing
 (torch.utils.checkpoint, transformers' gradient checkpointing) parameter offload trains as the
 plain engine."""
@@ -28,13 +29,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(out, stage, accumulation, world, persist=0, device="cpu"):
-    """Runs zero_worker.py as `world` ranks; returns each rank's saved record."""
+def launch(out, stage, accumulation, world, persist=0, device="cpu", param_nvme=""):
+    """Runs zero_worker.py as `world` ranks; returns each rank's saved record. param_nvme: a
+    directory for stage 3's parameters (offload_param "nvme")."""
     port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))
+                   MASTER_PORT=str(port), ZERO_TEST_PARAM_NVME=str(param_nvme))
         procs.append(subprocess.Popen(
             [sys.executable, WORKER, str(out), str(stage), str(accumulation), str(persist),
              device], env=env,
@@ -91,10 +93,26 @@ def test_stage3_needs_the_model():
         zt.OffloadOptimizer(model.named_parameters(), config={
             "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                   "offload_param": {"device": "cpu"}}})
-    with pytest.raises(zoffload.Unimplemented, match="offload_param.device \"nvme\""):
-        zt.OffloadOptimizer(model.named_parameters(), model=model, config={
+    with pytest.raises(zoffload.InvalidArgument, match="needs model="):
+        zt.OffloadOptimizer(model.named_parameters(), config={
             "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
                                   "offload_param": {"device": "nvme", "nvme_path": "/tmp"}}})
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_parameters_on_nvme_give_the_bits_of_host_parameters(tmp_path, engine_runs, world):
+    """offload_param "nvme" (a host cache of 60 elements for a 180-element model, so values
+    are evicted and read back every step): one process, and two ranks, end with the engine's
+    losses and parameters."""
+    nvme = tmp_path / "nvme"
+    nvme.mkdir()
+    ranks = launch(tmp_path / "zero3", 3, 1, world, param_nvme=nvme)
+    want = engine_runs[world]
+    for r in range(world):
+        assert ranks[r]["losses"] == want["losses"][r::world]
+        for name, values in want["params"].items():
+            assert torch.equal(ranks[r]["params"][name], values), (name, r)
+    assert not any(nvme.rglob("*.swp")), "the parameters' swap files outlive the run"
 
 
 def test_parameter_offload_keeps_checkpoints_and_reads_values(tmp_path):

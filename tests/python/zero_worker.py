@@ -6,6 +6,8 @@ MASTER_ADDR, MASTER_PORT): trains a small MLP and saves its losses and final par
         parameters. PERSIST: stage3_param_persistence_threshold (default 0: none stays).
         DEVICE: cpu (default) or cuda (the model and data there); cuda-nccl: cuda with an NCCL
         process group (rank r on GPU r), so that zoffload's collectives run over NCCL.
+    ZERO_TEST_PARAM_NVME=DIR: stage 3's offload_param is "nvme" there, with a host cache smaller
+    than the model (ZeRO then runs in one process too).
 """
 
 import os
@@ -55,10 +57,12 @@ def main() -> None:
     die_at = int(os.environ.get("ZERO_TEST_DIE_AT_STEP", "-1"))
     if die_at >= 0:
         config["zoffload"]["comm_timeout_seconds"] = 2
+    nvme = os.environ.get("ZERO_TEST_PARAM_NVME", "")
     if stage == 3:
-        config["zero_optimization"]["offload_param"] = {"device": "cpu"}
+        config["zero_optimization"]["offload_param"] = (
+            {"device": "nvme", "nvme_path": nvme, "max_in_cpu": 60} if nvme else {"device": "cpu"})
     opt = zt.OffloadOptimizer(model.named_parameters(), config=config, model=model)
-    assert (opt.zero is not None) == (world > 1), "ZeRO used where it should not be (or not)"
+    assert (opt.zero is not None) == (world > 1 or bool(nvme)), "ZeRO used where it should not be"
     losses = []
     for step in range(STEPS):
         try:

@@ -68,10 +68,10 @@ struct StoreUnderTest {
   }
 };
 
-Result<StoreUnderTest> OpenStore(const RuntimeOptions& options) {
+Result<StoreUnderTest> OpenStore(const RuntimeOptions& options, StoreOptions store = {}) {
   StoreUnderTest s;
   ZO_ASSIGN_OR_RETURN(s.context, RuntimeContext::Create(options));
-  ZO_ASSIGN_OR_RETURN(s.store, TensorStore::Open(*s.context));
+  ZO_ASSIGN_OR_RETURN(s.store, TensorStore::Open(*s.context, store));
   return s;
 }
 
@@ -275,6 +275,44 @@ TEST(TensorStoreNvme, LeasedTensorsAreNeverEvicted) {
   a->Release();
   auto c2 = (*store)->Acquire("c", Access::kWrite).Get();
   EXPECT_TRUE(c2.ok()) << c2.status();
+}
+
+// The NVMe cache's own cap (StoreOptions::nvme_cache_bytes) holds below a larger host budget:
+// host tensors do not count against it, the cached copies are evicted by it (and written back),
+// and a tensor it cannot hold even when empty is a clear error naming the cap.
+TEST(TensorStoreNvme, TheCacheCapHoldsUnderALargerBudget) {
+  TempDir dir;
+  auto store = OpenStore(NvmeOptions(dir.path(), 64 << 20), {.nvme_cache_bytes = 2 << 20});
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->Register("host", DType::kFp32, 1 << 20, Tier::kHost).ok());  // 4 MiB
+  RegisterTensors(**store, 4);  // four 1 MiB nvme tensors
+  for (int step = 0; step < 3; ++step) {
+    for (int t = 0; t < 4; ++t) {
+      auto lease = (*store)->Acquire(StrCat("w", t), Access::kReadWrite).Get();
+      ASSERT_TRUE(lease.ok()) << lease.status();
+      uint32_t counter;
+      std::memcpy(&counter, lease->data(), 4);
+      ASSERT_EQ(counter, static_cast<uint32_t>(step)) << "tensor " << t << " step " << step;
+      ++counter;
+      std::memcpy(lease->data(), &counter, 4);
+      EXPECT_LE((*store)->stats().host_bytes, (uint64_t{4} << 20) + (uint64_t{2} << 20));
+    }
+  }
+  EXPECT_GT((*store)->stats().evictions, 0u);
+  EXPECT_GT((*store)->stats().bytes_written, 0u);
+  ASSERT_TRUE((*store)->Register("big", DType::kFp32, 3 << 18, Tier::kNvme).ok());  // 3 MiB
+  auto big = (*store)->Acquire("big", Access::kWrite).Get();
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(big.status().message().find("host cache of NVMe tensors (2.00 MiB"), std::string::npos)
+      << big.status();
+  // A full cache of prefetches still being read makes room once they are in (never fails).
+  for (int round = 0; round < 5; ++round) {
+    (*store)->Prefetch("w0");
+    (*store)->Prefetch("w1");
+    auto lease = (*store)->Acquire(StrCat("w", 2 + round % 2), Access::kRead).Get();
+    ASSERT_TRUE(lease.ok()) << lease.status();
+  }
 }
 
 TEST(TensorStoreNvme, PrefetchLoadsAheadAndNoNvmePathIsAClearError) {

@@ -122,6 +122,9 @@ struct RankRun {
   DType dtype = DType::kFp32;
   std::string state = "fp32";
   std::string nvme;  // offload_optimizer nvme into this directory; empty: cpu
+  // Stage 3: offload_param nvme into this directory (empty: cpu), with max_in_cpu elements.
+  std::string param_nvme;
+  int max_in_cpu = 0;
   double clipping = 0.05;
   int die_at_step = -1;  // rank world - 1 exits after its first gradient of that step
   std::string out;       // the record's file
@@ -134,13 +137,17 @@ struct RankRun {
 std::string ConfigJson(const RankRun& run) {
   const std::string device =
       run.nvme.empty() ? R"("cpu")" : StrCat(R"("nvme", "nvme_path": ")", run.nvme, R"(")");
+  const std::string params =
+      run.param_nvme.empty() ? ""
+                             : StrCat(R"(, "offload_param": {"device": "nvme", "nvme_path": ")",
+                                      run.param_nvme, R"(", "max_in_cpu": )", run.max_in_cpu, "}");
   return StrCat(R"({"gradient_accumulation_steps": )", run.accumulation,
                 R"(, "gradient_clipping": )", run.clipping, R"(,
     "optimizer": {"type": "AdamW", "params": {"lr": 0.02, "weight_decay": 0.01}},
     "zero_optimization": {"stage": )",
                 run.stage, R"(, "reduce_bucket_size": 40,
       "offload_optimizer": {"device": )",
-                device, R"(}},
+                device, "}", params, R"(},
     "zoffload": {"cpu_adam_threads": 1, "optimizer_state": ")",
                 run.state, R"("}})");
 }
@@ -411,6 +418,36 @@ TEST(ZeroOptimizerTest, NvmeStateGivesTheBitsOfHostState) {
   EXPECT_TRUE(ReadRecord(nvme.out) == ReadRecord(host.out));
   EXPECT_TRUE(std::filesystem::is_directory(dir.File("rank0")));
   EXPECT_TRUE(std::filesystem::is_directory(dir.File("rank1")));
+}
+
+// Stage 3 with offload_param nvme: each rank's values live on NVMe behind a host cache of
+// max_in_cpu elements (here smaller than the partition, so spans are evicted, written back and
+// read again, ahead of use from the second step), with the bits of the values in host memory,
+// at world sizes 1 to 4, with optimizer state in host memory or on NVMe too.
+TEST(ZeroOptimizerTest, ParametersOnNvmeGiveTheBitsOfHostParameters) {
+  for (const bool state_on_nvme : {false, true}) {
+    for (int world : {1, 2, 4}) {
+      TempDir dir;
+      RankRun host;
+      host.segment = SegmentName(StrCat("ph", world));
+      host.world = world;
+      host.stage = 3;
+      host.dtype = DType::kBf16;
+      host.state = "bf16";
+      host.steps = 6;
+      host.out = dir.File("host");
+      RankRun nvme = host;
+      nvme.segment = SegmentName(StrCat("pn", world));
+      nvme.param_nvme = dir.path();
+      nvme.max_in_cpu = 48;
+      if (state_on_nvme) nvme.nvme = dir.path();
+      nvme.out = dir.File("nvme");
+      ASSERT_EQ(RunRanks(world, [&](int r) { return Train(host, r); }), std::vector<int>(world, 0));
+      ASSERT_EQ(RunRanks(world, [&](int r) { return Train(nvme, r); }), std::vector<int>(world, 0));
+      EXPECT_TRUE(ReadRecord(nvme.out) == ReadRecord(host.out))
+          << "world " << world << (state_on_nvme ? ", state on NVMe" : "");
+    }
+  }
 }
 
 // Rank 2 of 3 dies after its first gradient of step 3: the others fail within the timeout

@@ -13,7 +13,8 @@
 #   scale     the largest model each $SYSTEMS (default zoffload:none:int8:params, the
 #             parameters offloaded) trains under the 24 GiB cap: bench/finetune_7b.py at each
 #             of $SCALE_LAYERS (default 40 48 56 60) layers, 4 steps, up to the first failure;
-#             JSON into OUTDIR/scale_L<layers>.
+#             JSON into OUTDIR/scale_L<layers>. Systems with pnvme or nvmeR (NVMe) keep their
+#             files under $NVME_DIR (default: .nvme here, off OUTDIR).
 # Output and JSON into OUTDIR.
 #   tools/gpu/run-gpu-tests.sh tools/gpu/engine-run.sh OUTDIR [memcheck] [python] [1g] [7b] [finetune] [scale]
 set -uo pipefail
@@ -85,6 +86,7 @@ if [[ $parts == *finetune* ]]; then
   PYTHONPATH=$PWD/build-gpu/python:$PWD/.whl/site python3 bench/finetune_7b.py \
     ${SYSTEMS:+--systems "$SYSTEMS"} --layers "${LAYERS:-32}" --steps "${STEPS:-6}" \
     --accumulation "${ACCUM:-1}" --timeout "${SYSTEM_TIMEOUT:-240}" --out "$out/ft7b" \
+    --nvme-dir "${NVME_DIR:-$PWD/.nvme}" \
     ${TRACE:+--trace} 2>&1 | grep -v "^  .* step [3-9]"
   for t in "$out"/ft7b/*_trace.json; do [ -e "$t" ] && python3 tools/trace_overlap.py "$t" | tail -12; done
 fi
@@ -93,7 +95,8 @@ if [[ $parts == *scale* ]]; then
     echo "== scale: ${layers} layers (${SYSTEMS:-zoffload:none:int8:params})"
     PYTHONPATH=$PWD/build-gpu/python:$PWD/.whl/site python3 bench/finetune_7b.py \
       --systems "${SYSTEMS:-zoffload:none:int8:params}" --layers "$layers" --steps 4 \
-      --timeout "${SYSTEM_TIMEOUT:-300}" --out "$out/scale_L$layers" 2>&1 | grep -E "^\||FAILED"
+      --timeout "${SYSTEM_TIMEOUT:-300}" --out "$out/scale_L$layers" \
+      --nvme-dir "${NVME_DIR:-$PWD/.nvme}" 2>&1 | grep -E "^\||FAILED"
     grep -q '"failed": true' "$out/scale_L$layers/finetune_7b.json" 2>/dev/null && break
   done
 fi
