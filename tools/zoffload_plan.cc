@@ -34,7 +34,7 @@ constexpr const char* kUsage =
     "usage: zoffload-plan (--model NAME|CONFIG.json | --params N) [--gpu-mem SIZE]\n"
     "                     [--host-mem SIZE] [--nvme DIR ...] [--batch B] [--seq S]\n"
     "                     [--accumulation N] [--no-checkpointing] [--world N] [--stage S]\n"
-    "                     [--offload-param] [--bench-json FILE ...] [--measure]\n"
+    "                     [--offload-param [--param-nvme]] [--bench-json FILE ...] [--measure]\n"
     "                     [--config DS.json] [--json OUT]\n"
     "  --model        llama-7b, llama-13b, llama-70b, llama3-8b, or a HuggingFace config.json\n"
     "  --gpu-mem      the GPU memory the run may use (e.g. 24GiB; default: GPU 0's)\n"
@@ -45,7 +45,8 @@ constexpr const char* kUsage =
     "  --stage S      zero_optimization.stage 1, 2 (default) or 3; --offload-param: stage 3\n"
     "                 with the parameters in host memory, fetched per module (zoffload.torch with\n"
     "                 model=; step time for overlap none with the state in host memory, from\n"
-    "                 the GPU's forward+backward, CPU Adam and PCIe speeds)\n"
+    "                 the GPU's forward+backward, CPU Adam and PCIe speeds); --param-nvme: the\n"
+    "                 parameters on the first --nvme directory instead (offload_param nvme)\n"
     "  --bench-json   speeds: zoffload-bench adam/nvme/engine JSON, bench/finetune_7b.py JSON\n"
     "                 (its fwd_bwd system gives the GPU's forward+backward time)\n"
     "  --measure      measure CPU Adam (each state precision), the --nvme disks and PCIe (with\n"
@@ -76,7 +77,14 @@ std::string ConfigJson(const Candidate& c, const std::vector<std::string>& nvme,
   nlohmann::ordered_json zero = {{"stage", w.stage},
                                  {"reduce_bucket_size", w.bucket_elements},
                                  {"offload_optimizer", offload}};
-  if (w.offload_param) zero["offload_param"] = {{"device", "cpu"}, {"pin_memory", true}};
+  if (w.param_nvme) {
+    zero["offload_param"] = {{"device", "nvme"},
+                             {"nvme_path", nvme.front()},
+                             {"pin_memory", true},
+                             {"max_in_cpu", w.max_in_cpu}};
+  } else if (w.offload_param) {
+    zero["offload_param"] = {{"device", "cpu"}, {"pin_memory", true}};
+  }
   nlohmann::ordered_json j = {
       {"gradient_accumulation_steps", w.accumulation},
       {"bf16", {{"enabled", true}}},
@@ -204,6 +212,8 @@ int Main(int argc, char** argv) {
       (a == "--world" ? w.world : w.stage) = n;
     } else if (a == "--offload-param") {
       w.offload_param = true;
+    } else if (a == "--param-nvme") {
+      w.param_nvme = true;
     } else {
       std::fprintf(stderr, "zoffload-plan: unknown argument '%s'\n%s", a.c_str(), kUsage);
       return 2;
@@ -211,6 +221,9 @@ int Main(int argc, char** argv) {
   }
   if (w.offload_param && w.stage != 3) {
     return Fail("--offload-param needs --stage 3 (parameters are partitioned only there)", 2);
+  }
+  if (w.param_nvme && (!w.offload_param || nvme.empty())) {
+    return Fail("--param-nvme needs --offload-param and --nvme DIR (where the parameters go)", 2);
   }
   if (model_arg.empty() == (params == 0)) {
     return Fail(StrCat("give --model or --params (one of them)\n", kUsage), 2);
@@ -248,6 +261,8 @@ int Main(int argc, char** argv) {
     w.bucket_elements = static_cast<uint64_t>(zero.reduce_bucket_size);
     w.stage = std::max(1, zero.stage);
     w.offload_param = zero.stage == 3 && zero.offload_param.device != OffloadDevice::kNone;
+    w.param_nvme = w.offload_param && zero.offload_param.device == OffloadDevice::kNvme;
+    w.max_in_cpu = static_cast<uint64_t>(zero.offload_param.max_in_cpu);
     w.prefetch_elements = static_cast<uint64_t>(zero.stage3_prefetch_bucket_size);
     w.live_elements = static_cast<uint64_t>(zero.stage3_max_live_parameters);
     const auto& oo = config->zero_optimization.offload_optimizer;
@@ -258,9 +273,10 @@ int Main(int argc, char** argv) {
     }
     given = Candidate{config->zoffload.overlap, config->zoffload.optimizer_state,
                       oo.device == OffloadDevice::kNvme ? oo.ratio : 0.0};
-    if (given->nvme_ratio > 0 && nvme.empty()) {
-      nvme = config->zoffload.nvme_paths.empty() ? std::vector<std::string>{oo.nvme_path}
-                                                 : config->zoffload.nvme_paths;
+    if ((given->nvme_ratio > 0 || w.param_nvme) && nvme.empty()) {
+      nvme = !config->zoffload.nvme_paths.empty() ? config->zoffload.nvme_paths
+             : given->nvme_ratio > 0              ? std::vector<std::string>{oo.nvme_path}
+                                     : std::vector<std::string>{zero.offload_param.nvme_path};
     }
   }
   uint64_t nvme_free = 0;
@@ -302,6 +318,8 @@ int Main(int argc, char** argv) {
         // The config refuses delayed with offload_param (the update would write the values
         // being fetched).
         if (overlap == Overlap::kDelayed && w.offload_param) continue;
+        // offload_param nvme runs as ZeRO, whose step is overlap none's.
+        if (overlap != Overlap::kNone && w.param_nvme) continue;
         rows.push_back(row_of({overlap, state, ratio}));
       }
     }
@@ -318,8 +336,11 @@ int Main(int argc, char** argv) {
               static_cast<unsigned long long>(w.batch), static_cast<unsigned long long>(w.sequence),
               w.accumulation, w.checkpointing ? "on" : "off");
   std::printf("ZeRO stage %d%s, %d rank%s (GPU memory per rank, host and NVMe for the machine)\n",
-              w.stage, w.offload_param ? " with offload_param cpu" : "", w.world,
-              w.world == 1 ? "" : "s");
+              w.stage,
+              !w.offload_param ? ""
+              : w.param_nvme   ? " with offload_param nvme"
+                               : " with offload_param cpu",
+              w.world, w.world == 1 ? "" : "s");
   std::printf("capacity: GPU %s GiB, host %s GiB, NVMe %s GiB free\n\n", Gib(gpu_mem).c_str(),
               Gib(host_mem).c_str(), Gib(nvme_free).c_str());
   std::printf("%-9s %-5s %5s %8s %8s %8s %8s %8s  %s\n", "overlap", "state", "nvme", "GPU GiB",

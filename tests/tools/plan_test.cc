@@ -142,6 +142,19 @@ TEST(PlanTest, StageAndWorldMemoryByHand) {
   s.pcie_h2d_gbps = 1;
   e = EstimateRun(m, w, fp32, s);
   EXPECT_DOUBLE_EQ(e.step_seconds, 1 + 1e-6 + kParamOffloadSlowdown * 8000 / 1e9);
+  // offload_param nvme: a host cache of 300 values (600 bytes), ZeRO's fp32 sums (4000) for
+  // the gradients, the values on NVMe (2000); no step time yet, and it says why.
+  w.param_nvme = true;
+  w.max_in_cpu = 300;
+  e = EstimateRun(m, w, {Overlap::kNone, StatePrecision::kFp32, 0.5}, s);
+  EXPECT_EQ(e.host_params, 600u);
+  EXPECT_EQ(e.host_grads, 4000u);
+  EXPECT_EQ(e.host_bytes, 6000u + 4000u + 600u + kProcessBytes);
+  EXPECT_EQ(e.nvme_bytes, 12000u + 2000u);
+  EXPECT_EQ(e.step_seconds, 0.0);
+  EXPECT_NE(e.bound.find("offload_param nvme is not measured yet"), std::string::npos) << e.bound;
+  w.max_in_cpu = 5000;  // a cache larger than the model holds the model
+  EXPECT_EQ(EstimateRun(m, w, fp32, s).host_params, 2000u);
 }
 
 TEST(PlanTest, StepTimeByMode) {
@@ -378,6 +391,22 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
   r = testing::RunCommand(tool + " --model llama-7b --gpu-mem 24GiB --offload-param 2>&1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--offload-param needs --stage 3"), std::string::npos) << r.output;
+  r = testing::RunCommand(tool + " --model llama-7b --gpu-mem 24GiB --stage 3 --offload-param " +
+                          "--param-nvme 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--param-nvme needs --offload-param and --nvme DIR"), std::string::npos)
+      << r.output;
+  // The parameters on NVMe too (2 GB of disk for 1B): the advice puts them there.
+  r = testing::RunCommand(tool + " --params 1000000000 --gpu-mem 24GiB --host-mem 64GiB " +
+                          "--stage 3 --offload-param --param-nvme --nvme " + dir.path() +
+                          " --json " + dir.File("pn.json") + " 2>&1");
+  EXPECT_NE(r.output.find("ZeRO stage 3 with offload_param nvme"), std::string::npos) << r.output;
+  const auto pn = ReadJson(dir.File("pn.json"));
+  ASSERT_FALSE(pn["advice"].is_null()) << r.output;
+  for (const auto& c : pn["candidates"]) EXPECT_EQ(c["overlap"], "none") << c.dump();
+  EXPECT_EQ(pn["advice"]["zero_optimization"]["offload_param"]["device"], "nvme");
+  EXPECT_EQ(pn["advice"]["zero_optimization"]["offload_param"]["nvme_path"], dir.path());
+  EXPECT_TRUE(ParseConfig(pn["advice"].dump()).ok()) << pn["advice"].dump();
   r = testing::RunCommand(tool + " --model llama-7b --gpu-mem 24GiB --stage 4 2>&1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--stage: '4' is not an integer from 1 to 3"), std::string::npos)

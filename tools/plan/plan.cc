@@ -133,12 +133,14 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   const auto on_nvme = static_cast<uint64_t>(static_cast<double>(state) * c.nvme_ratio);
   e.host_state = state - on_nvme;
   const uint64_t staged = w.accumulation > 1 && c.overlap == Overlap::kDelayed ? 2 * p : 0;
-  e.host_grads = (w.accumulation > 1 ? 6 * p : 2 * p) + staged;
-  e.host_params = stage3 && w.offload_param ? 2 * p : 0;
+  const bool param_nvme = stage3 && w.offload_param && w.param_nvme;
+  e.host_grads = param_nvme ? 4 * p : (w.accumulation > 1 ? 6 * p : 2 * p) + staged;
+  e.host_params =
+      !stage3 || !w.offload_param ? 0 : 2 * (param_nvme ? std::min(w.max_in_cpu, p) : p);
   e.host_pinned = 2 * p + staged + e.host_params;
   e.host_process = n * kProcessBytes;
   e.host_bytes = e.host_state + e.host_grads + e.host_params + e.host_process;
-  e.nvme_bytes = 2 * on_nvme;
+  e.nvme_bytes = 2 * on_nvme + (param_nvme ? 2 * p : 0);
   // Step time.
   const double rate = s.adam(c.state);
   if (rate > 0) e.adam_seconds = static_cast<double>(p) / (rate * 1e9);
@@ -156,6 +158,8 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   const double h = kHandOverSeconds * static_cast<double>(m.tensors);
   if (n > 1) {
     e.bound = "no step time: ZeRO across ranks is not measured yet";
+  } else if (param_nvme) {
+    e.bound = "no step time: offload_param nvme is not measured yet";
   } else if (stage3 && (!w.offload_param || c.overlap != Overlap::kNone || on_nvme > 0 ||
                         w.accumulation > 1)) {
     e.bound =

@@ -17,14 +17,16 @@
 // - host: the fp32 master (4P) and Adam's moments (fp32 8P, bf16 4P, int8 2P + scales) on the
 //   host share (1 - ratio), the gradient buffers (accumulation 1: 2P, the gradient in place;
 //   more: 4P fp32 sums + 2P landing, and with overlap delayed 2P for the new values), stage 3
-//   with offload_param the bf16 parameters (2P), and
+//   with offload_param the bf16 parameters (2P; offload_param "nvme": its host cache,
+//   2 min(max_in_cpu, P), and ZeRO's fp32 gradient sums (4P) replace the gradient buffers), and
 //   each rank's process (N kProcessBytes: torch and CUDA). Stages 1-3 partition the state and
 //   the gradient buffers across the ranks (each holds 1/N: the machine holds them once); stage
 //   1 all-reduces the gradients and keeps its partition, stage 2 reduce-scatters them: the
 //   same memory, with twice the communication at stage 1. Pinned (page-locked, counted against
 //   the memlock limit): what the GPU copies to or from — the bf16 gradient buffers (landing,
 //   new values) and offloaded parameters; the state and the fp32 sums are pageable.
-// - NVMe: the NVMe share of the state, twice (the optimizer state keeps two copies).
+// - NVMe: the NVMe share of the state, twice (the optimizer state keeps two copies), and with
+//   offload_param "nvme" the bf16 parameters (2P).
 // Step time (seconds; one rank, stages 1-2; accumulation N > 1 in mode delayed only, where the
 // N micro-batches' forward+backward (N F) and N gradients down replace F and one; what is
 // measured), from the
@@ -94,10 +96,14 @@ struct Workload {
   uint64_t batch = 4, sequence = 2048;
   int accumulation = 1;
   bool checkpointing = true;
-  uint64_t bucket_elements = 50'000'000;    ///< reduce_bucket_size
-  int world = 1;                            ///< data-parallel ranks on this machine, a GPU each
-  int stage = 2;                            ///< zero_optimization.stage (0 counts as 1)
-  bool offload_param = false;               ///< stage 3: offload_param.device "cpu"
+  uint64_t bucket_elements = 50'000'000;  ///< reduce_bucket_size
+  int world = 1;                          ///< data-parallel ranks on this machine, a GPU each
+  int stage = 2;                          ///< zero_optimization.stage (0 counts as 1)
+  bool offload_param = false;             ///< stage 3: offload_param.device "cpu" or "nvme"
+  /// offload_param "nvme" (one rank: zoffload.torch runs it as ZeRO at world size 1): the
+  /// values on NVMe behind a host cache of max_in_cpu elements
+  bool param_nvme = false;
+  uint64_t max_in_cpu = 1'000'000'000;
   uint64_t prefetch_elements = 50'000'000;  ///< stage 3: stage3_prefetch_bucket_size
   /// stage 3 + offload_param, one rank: stage3_max_live_parameters, the most kept for reuse
   uint64_t live_elements = 1'000'000'000;
