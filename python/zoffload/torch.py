@@ -28,7 +28,7 @@ How it works:
    values live on NVMe instead: ZeRO at world size 1 (item 5) keeps them in its tensor store,
    in a host cache of offload_param.max_in_cpu elements, and from the second step reads the
    next modules' values from NVMe ahead of use, in the last step's order; the fetches are
-   ZeRO's (no side-stream prefetch or reuse).
+   ZeRO's (no side-stream prefetch; the reuse above applies).
 5. ZeRO across ranks (``torch.distributed`` initialized with a world size > 1) partitions the
    work (zero_optimization.stage): each rank keeps 1/N of the optimizer state (stage 1), of the
    gradients (2) and of the parameters (3, fetched per module as above, collectively), over the
@@ -193,6 +193,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         else:
             self._engine = _zoffload.Engine(self._config_json, spec, hypers)
         self._partitioned = offload or (zero and zc["stage"] == 3)
+        self._collective = world > 1  # every fetch a collective: no reuse
         if self._partitioned:
             self._fetch_per_module(model, zc)
         self._sent = hypers
@@ -371,10 +372,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def _keep(self, key: int, own: List[Tuple[str, torch.Tensor]]) -> bool:
         """After a module's forward: whether its parameters stay until its next use (that use
         comes within stage3_max_reuse_distance elements of other fetches, and the modules kept
-        stay within stage3_max_live_parameters elements). One process only: under ZeRO every
-        fetch is collective."""
+        stay within stage3_max_live_parameters elements). One process only: across ranks
+        every fetch is collective."""
         at = self._last_at.get(key)
-        if self._zero is not None or self._recording or at is None:
+        if self._collective or self._recording or at is None:
             return False
         size = sum(p.numel() for _, p in own)
         kept = sum(size for size, _ in self._kept.values())
@@ -439,7 +440,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if not present:
             self._fetches += 1
             self._fetched_elements += sum(self._shapes[name].numel() for name, _ in own)
-        if self._zero is not None:
+        if self._collective:
             return
         if self._recording:
             self._last_at[key] = len(self._order)
@@ -454,8 +455,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
             return
         self._last_at[key] = at
         self._cursor += 1
-        if self._prefetch_elements == 0 or not own[0][1].is_cuda:
-            return  # prefetching off (each copy starts at its use), or nothing to prefetch to
+        if self._prefetch_elements == 0 or not own[0][1].is_cuda or self._zero is not None:
+            # Prefetching off (each copy starts at its use), nothing to prefetch to, or the
+            # values are on NVMe (ZeRO reads them ahead itself).
+            return
         # The next modules' copies, up to stage3_prefetch_bucket_size elements in flight (at
         # least the next module's).
         self._ahead = max(self._ahead, self._cursor)

@@ -136,13 +136,14 @@ def test_parameter_offload_keeps_checkpoints_and_reads_values(tmp_path):
     opt.close()
 
 
-@pytest.mark.parametrize("reentrant", [False, True])
-def test_parameter_offload_under_activation_checkpointing(reentrant):
+@pytest.mark.parametrize("reentrant,where", [(False, "cpu"), (True, "cpu"), (False, "nvme")])
+def test_parameter_offload_under_activation_checkpointing(tmp_path, reentrant, where):
     """torch.utils.checkpoint recomputes each block's forward inside backward: the blocks
     use their parameters again there, and the training is the plain engine's, bit for bit,
     whether each use fetches them again (no reuse) or, from the second step, modules keep
     them between uses (stage3_max_reuse_distance, within stage3_max_live_parameters): then
-    each of the 11 modules copies once a step."""
+    each of the 11 modules copies once a step. The same with the parameters on NVMe (a host
+    cache of 400 of the 1889 values)."""
     import torch.utils.checkpoint as cp
 
     class Block(torch.nn.Module):
@@ -173,6 +174,11 @@ def test_parameter_offload_under_activation_checkpointing(reentrant):
                 "stage3_param_persistence_threshold": 0, **reuse}
         if offload:
             zero["offload_param"] = {"device": "cpu"}
+            if where == "nvme":
+                nvme = tmp_path / str(len(list(tmp_path.iterdir())))  # one per run (its lock)
+                nvme.mkdir()
+                zero["offload_param"] = {"device": "nvme", "nvme_path": str(nvme),
+                                         "max_in_cpu": 400}
         opt = zt.OffloadOptimizer(model.named_parameters(), config={"zero_optimization": zero},
                                   lr=1e-2, model=model)
         g = torch.Generator().manual_seed(1)
@@ -227,6 +233,11 @@ def test_parameter_offload_trains_a_transformers_llama_as_the_engine():
         zero = {"stage": 3 if offload else 2, "offload_optimizer": {"device": "cpu"}}
         if offload:
             zero["offload_param"] = {"device": "cpu"}
+            if where == "nvme":
+                nvme = tmp_path / str(len(list(tmp_path.iterdir())))  # one per run (its lock)
+                nvme.mkdir()
+                zero["offload_param"] = {"device": "nvme", "nvme_path": str(nvme),
+                                         "max_in_cpu": 400}
         opt = zt.OffloadOptimizer(model.named_parameters(), config={"zero_optimization": zero},
                                   lr=1e-3, model=model)
         tokens = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(0))
