@@ -494,10 +494,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """Parameter `name`'s current values, on the device of the (empty) parameter `p`: the
         model may be moved (model.to) after the optimizer took its parameters."""
         if self._zero is not None:
-            # A gather is collective, and so is a hand-over that fills a gradient bucket: hand
-            # over every gradient of this rank first, so that all ranks call them in one order
-            # (the copies land at different times on each).
-            self._hand_over(wait=True)
+            # Across ranks a gather is collective, and so is a hand-over that fills a gradient
+            # bucket: hand over every gradient of this rank first, so that all ranks call them
+            # in one order (the copies land at different times on each).
+            if self._collective:
+                self._hand_over(wait=True)
             values = torch.empty(self._shapes[name], dtype=p.dtype, pin_memory=p.is_cuda)
             self._zero.gather(name, values.view(-1))
             return values.to(p.device, non_blocking=True)
