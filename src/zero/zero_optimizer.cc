@@ -192,6 +192,19 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
                       z->rt_->AllocateHost(4 * part, "ZeRO: the partition's gradient sums", false));
   std::memset(z->grads_.data(), 0, z->grads_.size());
   if (z->stage_ == 3 && zc.offload_param.device == OffloadDevice::kNvme) {
+    // The cache holds a piece while it is gathered or updated: the largest must fit.
+    const auto largest = std::max_element(
+        z->owned_.begin(), z->owned_.end(),
+        [](const BucketPlan::Span& a, const BucketPlan::Span& b) { return a.n < b.n; });
+    if (largest != z->owned_.end() &&
+        largest->n > static_cast<uint64_t>(zc.offload_param.max_in_cpu)) {
+      return InvalidArgumentError(StrCat(
+          "ZeRO: zero_optimization.offload_param.max_in_cpu (", zc.offload_param.max_in_cpu,
+          " elements) cannot hold '", specs[largest->tensor].name, "' (", largest->n,
+          " elements of it on this rank): the host cache of the parameters on NVMe must hold "
+          "the largest piece; raise it to at least ",
+          largest->n));
+    }
     StoreOptions store;
     store.nvme_cache_bytes = static_cast<uint64_t>(zc.offload_param.max_in_cpu) * element;
     ZO_ASSIGN_OR_RETURN(z->store_, TensorStore::Open(*context, store));
@@ -489,6 +502,10 @@ Status ZeroOptimizer::GatherParameter(std::string_view name, void* out) {
       }
       mine = std::move(*leased);
       const uint64_t n = hi(me) - lo(me);
+      if (comm_.world() == 1) {  // the whole span is this rank's: one copy
+        std::memcpy(static_cast<std::byte*>(out) + s.first * element, mine.data, n * element);
+        continue;
+      }
       if (n == most) {
         send = mine.data;
       } else {

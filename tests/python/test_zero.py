@@ -216,9 +216,11 @@ def test_parameter_offload_under_activation_checkpointing(tmp_path, reentrant, w
     assert 11 < counts["adjacent"][1] < counts["none"][0], counts
 
 
-def test_parameter_offload_trains_a_transformers_llama_as_the_engine():
+@pytest.mark.parametrize("where", ["cpu", "nvme"])
+def test_parameter_offload_trains_a_transformers_llama_as_the_engine(tmp_path, where):
     """The 7B example's path on a tiny Llama: transformers' gradient checkpointing, stage 3 with
-    offload_param, the same losses and parameters as the plain engine."""
+    offload_param (host memory, or NVMe behind a cache of 10000 of its 95k values), the same losses and
+    parameters as the plain engine."""
     transformers = pytest.importorskip("transformers")
 
     def run(offload):
@@ -237,7 +239,7 @@ def test_parameter_offload_trains_a_transformers_llama_as_the_engine():
                 nvme = tmp_path / str(len(list(tmp_path.iterdir())))  # one per run (its lock)
                 nvme.mkdir()
                 zero["offload_param"] = {"device": "nvme", "nvme_path": str(nvme),
-                                         "max_in_cpu": 400}
+                                         "max_in_cpu": 10000}
         opt = zt.OffloadOptimizer(model.named_parameters(), config={"zero_optimization": zero},
                                   lr=1e-3, model=model)
         tokens = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(0))

@@ -685,6 +685,15 @@ TEST(ZeroOptimizerTest, BadInputIsAClearError) {
       expect(ZeroOptimizer::Create(*delayed, specs, **comm).status(), StatusCode::kInvalidArgument,
              "zoffload.overlap must be \"none\"");
     }
+    TempDir nvme;
+    RankRun small_cache;
+    small_cache.stage = 3;
+    small_cache.param_nvme = nvme.path();
+    small_cache.max_in_cpu = 10;
+    expect(ZeroOptimizer::Create(*ParseConfig(ConfigJson(small_cache)), specs, **comm).status(),
+           StatusCode::kInvalidArgument,
+           "offload_param.max_in_cpu (10 elements) cannot hold 'w1' (40 elements of it on this "
+           "rank)");
     auto z = ZeroOptimizer::Create(*with(2), specs, **comm);
     if (!z.ok()) return 101;
     std::vector<float> grad(kSizes[0], 0.5f);
