@@ -298,6 +298,12 @@ Status ZeroOptimizer::GradientReady(std::string_view name, const void* grad, uin
                  micro > 0);
       continue;
     }
+    if (comm_.world() == 1) {
+      // One rank: a sum over ranks is its own value, so the partition's sums take the gradient
+      // directly (the bits of the bucket and its reduce-scatter, without them).
+      Accumulate(grads_.as<float>() + bucket_offset_[b] + s.offset, from, dtype_, s.n, micro > 0);
+      continue;
+    }
     auto [it, fresh] = filling_.try_emplace(b);
     Filling& f = it->second;
     if (fresh) {
