@@ -15,8 +15,10 @@
 #             of $SCALE_LAYERS (default 40 48 56 60) layers, 4 steps, up to the first failure;
 #             JSON into OUTDIR/scale_L<layers>. Systems with pnvme or nvmeR (NVMe) keep their
 #             files under $NVME_DIR (default: .nvme here, off OUTDIR).
+#   fetch     bench/param_fetch_bench on this disk ($NVME_DIR): the share of stage 3's NVMe
+#             parameter reads the read-ahead hides (32 layers of 64 MiB, cache of 4 layers).
 # Output and JSON into OUTDIR.
-#   tools/gpu/run-gpu-tests.sh tools/gpu/engine-run.sh OUTDIR [memcheck] [python] [1g] [7b] [finetune] [scale]
+#   tools/gpu/run-gpu-tests.sh tools/gpu/engine-run.sh OUTDIR [memcheck] [python] [1g] [7b] [finetune] [scale] [fetch]
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?output directory}
@@ -99,4 +101,9 @@ if [[ $parts == *scale* ]]; then
       --nvme-dir "${NVME_DIR:-$PWD/.nvme}" 2>&1 | grep -E "^\||FAILED"
     grep -q '"failed": true' "$out/scale_L$layers/finetune_7b.json" 2>/dev/null && break
   done
+fi
+if [[ $parts == *fetch* ]]; then
+  echo "== stage 3 parameters on NVMe: the read-ahead"
+  mkdir -p "${NVME_DIR:-$PWD/.nvme}"
+  build-gpu/bench/param_fetch_bench "${NVME_DIR:-$PWD/.nvme}" 32 64 20 4 3 2>&1 | tee "$out/param_fetch.txt"
 fi
