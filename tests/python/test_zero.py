@@ -216,11 +216,12 @@ def test_parameter_offload_under_activation_checkpointing(tmp_path, reentrant, w
     assert 11 < counts["adjacent"][1] < counts["none"][0], counts
 
 
-@pytest.mark.parametrize("where", ["cpu", "nvme"])
+@pytest.mark.parametrize("where", ["cpu", "nvme", "state-nvme"])
 def test_parameter_offload_trains_a_transformers_llama_as_the_engine(tmp_path, where):
     """The 7B example's path on a tiny Llama: transformers' gradient checkpointing, stage 3 with
-    offload_param (host memory, or NVMe behind a cache of 10000 of its 95k values), the same losses and
-    parameters as the plain engine."""
+    offload_param (host memory, or NVMe behind a cache of 10000 of its 95k values; or host
+    memory with half the optimizer state on NVMe), the same losses and parameters as the plain
+    engine."""
     transformers = pytest.importorskip("transformers")
 
     def run(offload):
@@ -240,6 +241,9 @@ def test_parameter_offload_trains_a_transformers_llama_as_the_engine(tmp_path, w
                 nvme.mkdir()
                 zero["offload_param"] = {"device": "nvme", "nvme_path": str(nvme),
                                          "max_in_cpu": 10000}
+            if where == "state-nvme":  # half the optimizer state on NVMe (the 13B+ path)
+                zero["offload_optimizer"] = {"device": "nvme", "nvme_path": str(tmp_path),
+                                             "ratio": 0.5}
         opt = zt.OffloadOptimizer(model.named_parameters(), config={"zero_optimization": zero},
                                   lr=1e-3, model=model)
         tokens = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(0))
