@@ -574,6 +574,18 @@ TEST(ZeroOptimizerTest, CheckpointsResumeBitIdenticallyAtAnyWorldSize) {
     EXPECT_TRUE(got.values == want.values);
     EXPECT_TRUE(got.masters == want.masters);
     EXPECT_EQ(got.norms, std::vector<double>(want.norms.begin() + kSteps / 2, want.norms.end()));
+    if (stage == 3) {  // loaded into parameters on NVMe (a small cache): the run goes on the same
+      RankRun on_nvme = second;
+      on_nvme.segment = SegmentName(tag + "nvme");
+      on_nvme.param_nvme = dir.File("pnvme");
+      std::filesystem::create_directories(on_nvme.param_nvme);
+      on_nvme.max_in_cpu = 48;
+      on_nvme.out = dir.File(tag + "nvme");
+      ASSERT_EQ(RunRanks(2, [&](int r) { return Train(on_nvme, r); }), (std::vector<int>{0, 0}));
+      const Record resumed = ReadRecord(on_nvme.out);
+      EXPECT_TRUE(resumed.values == want.values);
+      EXPECT_TRUE(resumed.masters == want.masters);
+    }
     // World size 3 loads it: the masters and values saved.
     RankRun three = first;
     three.segment = SegmentName(tag + "three");
