@@ -5,7 +5,8 @@
 Per step: the span of gradient hand-overs (GradientReady calls: the backward as the engine sees
 it), the update time spent on the worker before the last hand-over and after it, how long Step
 waited, and the delay from each parameter's hand-over to the start of its update (overlap
-"backward"). Usage: tools/trace_overlap.py TRACE.json
+"backward"). For ZeRO (a "zero" track): per step, the time blocked in parameter gathers.
+Usage: tools/trace_overlap.py TRACE.json
 """
 import json
 import statistics
@@ -50,6 +51,16 @@ def main(path):
                              f"{statistics.median(delays):.3f} s, max {max(delays):.3f} s"
                              if delays else ""))
         begin = step_start + wait["dur"]
+    # ZeRO (zoffload.torch with offload_param nvme, or across ranks): per step, the time the
+    # caller was blocked in parameter gathers, against the time between steps.
+    begin = 0
+    for k, step in enumerate(e for e in spans.get("zero", []) if e["name"] == "step"):
+        g = [e for e in spans.get("parameter gathers", []) if begin <= e["ts"] < step["ts"]]
+        if g:
+            print(f"ZeRO step {k + 1}: {len(g)} gathers blocked {sum(e['dur'] for e in g) / 1e6:.3f}"
+                  f" s of the {(step['ts'] - begin) / 1e6:.3f} s before the step; the step "
+                  f"{step['dur'] / 1e6:.3f} s")
+        begin = step["ts"] + step["dur"]
 
 
 if __name__ == "__main__":

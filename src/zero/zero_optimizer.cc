@@ -11,6 +11,7 @@
 #include <map>
 
 #include "common/strings.h"
+#include "common/trace.h"
 #include "cpu_adam/adam_math.h"
 #include "engine/checkpoint.h"
 #include "engine/param_math.h"
@@ -20,6 +21,10 @@ namespace zoffload::internal::zero {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Trace tracks (zoffload.trace_path): each step, and each GatherParameter call.
+constexpr const char* kStepTrack = "zero";
+constexpr const char* kGatherTrack = "parameter gathers";
 
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -464,6 +469,7 @@ Result<EngineStepStats> ZeroOptimizer::Step() {
   stats.grad_norm = result.grad_norm;
   stats.clip_coef = result.clip_coef;
   stats.seconds = Since(start);
+  if (Tracer* tracer = rt_->tracer()) tracer->Record(kStepTrack, "step", start, Clock::now());
   return stats;
 }
 
@@ -479,6 +485,14 @@ Status ZeroOptimizer::SetGroup(int index, const ParamGroup& group) {
 
 Status ZeroOptimizer::GatherParameter(std::string_view name, void* out) {
   ZO_ASSIGN_OR_RETURN(Param * p, Find(name, "GatherParameter"));
+  const auto start = Clock::now();
+  const Status gathered = GatherPieces(p, out);
+  // The time the caller was blocked (reads not yet in, the copies, the other ranks).
+  if (Tracer* tracer = rt_->tracer()) tracer->Record(kGatherTrack, p->name, start, Clock::now());
+  return gathered;
+}
+
+Status ZeroOptimizer::GatherPieces(Param* p, void* out) {
   if (store_ != nullptr) ReadAhead(static_cast<size_t>(p - params_.data()));
   const uint64_t element = bytes_per_element();
   const auto me = static_cast<uint64_t>(comm_.rank());

@@ -114,6 +114,8 @@ class ZeroOptimizer {
   ZeroOptimizer(const Config& config, Communicator& comm) : config_(config), comm_(comm) {}
   Result<Param*> Find(std::string_view name, std::string_view call);
   uint64_t bytes_per_element() const;
+  // GatherParameter's work, untimed.
+  Status GatherPieces(Param* p, void* out);
   // Every rank's slices of bucket b of its values into `out` (stages 1 and 2).
   Status GatherBucket(size_t b, std::byte* out);
   // Owned span k's values, to read or (kWrite) to overwrite.

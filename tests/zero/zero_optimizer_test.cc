@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -652,6 +654,54 @@ TEST(ZeroOptimizerTest, CheckpointsResumeBitIdenticallyAtAnyWorldSize) {
     return all == ReadRecord(dir.File("s2first")).masters ? 0 : 4;
   });
   EXPECT_EQ(code, std::vector<int>{0});
+}
+
+// With zoffload.trace_path, each gather (the time the caller was blocked) and each step is a
+// span of the trace, on tracks of their own.
+TEST(ZeroOptimizerTest, GathersAndStepsAreOnTheTrace) {
+  TempDir dir;
+  const std::string path = dir.File("trace.json");
+  const std::vector<int> code = RunRanks(1, [&](int) {
+    RankRun run;
+    run.stage = 3;
+    auto config = ParseConfig(ConfigJson(run));
+    if (!config.ok()) return 1;
+    config->zoffload.trace_path = path;
+    auto comm = HostComm::Create({.name = SegmentName("trace")});
+    if (!comm.ok()) return 2;
+    std::vector<std::vector<std::byte>> values = InitialValues(DType::kFp32);
+    std::vector<ParameterSpec> specs;
+    for (int t = 0; t < 4; ++t) {
+      specs.push_back({kNames[t], values[t].data(), kSizes[t], DType::kFp32});
+    }
+    auto z = ZeroOptimizer::Create(*config, specs, **comm);
+    if (!z.ok()) return 3;
+    std::vector<float> buffer(kSizes[0]);
+    for (int t = 0; t < 4; ++t) {
+      if (!(*z)->GatherParameter(kNames[t], buffer.data()).ok()) return 4;
+      std::vector<float> grad(kSizes[t], 0.5f);
+      if (!(*z)->GradientReady(kNames[t], grad.data(), kSizes[t], DType::kFp32).ok()) return 5;
+    }
+    return (*z)->Step().ok() ? 0 : 6;  // the trace is written as the optimizer goes away
+  });
+  ASSERT_EQ(code, std::vector<int>{0});
+  std::ifstream in(path);
+  const auto trace = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_TRUE(trace.is_object()) << path;
+  std::map<int, std::string> tracks;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M") tracks[e["tid"].get<int>()] = e["args"]["name"].get<std::string>();
+  }
+  std::vector<std::string> gathered;
+  int steps = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    const std::string& track = tracks[e["tid"].get<int>()];
+    if (track == "parameter gathers") gathered.push_back(e["name"].get<std::string>());
+    if (track == "zero" && e["name"] == "step") ++steps;
+  }
+  EXPECT_EQ(gathered, std::vector<std::string>(kNames.begin(), kNames.end()));
+  EXPECT_EQ(steps, 1);
 }
 
 // Bad calls and configs get errors that name what is wrong; nothing is updated by them.
