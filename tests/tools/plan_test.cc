@@ -142,6 +142,17 @@ TEST(PlanTest, StageAndWorldMemoryByHand) {
   s.pcie_h2d_gbps = 1;
   e = EstimateRun(m, w, fp32, s);
   EXPECT_DOUBLE_EQ(e.step_seconds, 1 + 1e-6 + kParamOffloadSlowdown * 8000 / 1e9);
+  // Half the state (6000 of 12000 bytes) on NVMe at 1 kB/s each way at once: 12 s of I/O
+  // replace Adam's 1e-6 s, and the bound says the estimate is unchecked; no disk speed: no time.
+  const Candidate half{Overlap::kNone, StatePrecision::kFp32, 0.5};
+  e = EstimateRun(m, w, half, s);
+  EXPECT_EQ(e.step_seconds, 0.0);
+  EXPECT_NE(e.bound.find("NVMe's speed is unknown"), std::string::npos) << e.bound;
+  s.nvme_mixed_gbps = 1e-6;
+  e = EstimateRun(m, w, half, s);
+  EXPECT_DOUBLE_EQ(e.step_seconds, 1 + 12 + kParamOffloadSlowdown * 8000 / 1e9);
+  EXPECT_NE(e.bound.find("NVMe (state; this combination is not yet checked"), std::string::npos)
+      << e.bound;
   // offload_param nvme: a host cache of 300 values (600 bytes), ZeRO's fp32 sums (4000) for
   // the gradients, the values on NVMe (2000); no step time yet, and it says why.
   w.param_nvme = true;

@@ -160,21 +160,26 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
     e.bound = "no step time: ZeRO across ranks is not measured yet";
   } else if (param_nvme) {
     e.bound = "no step time: offload_param nvme is not measured yet";
-  } else if (stage3 && (!w.offload_param || c.overlap != Overlap::kNone || on_nvme > 0 ||
-                        w.accumulation > 1)) {
+  } else if (stage3 && (!w.offload_param || c.overlap != Overlap::kNone || w.accumulation > 1)) {
     e.bound =
-        "no step time: of stage 3, only offload_param with overlap none, state in host "
-        "memory and accumulation 1 is measured";
+        "no step time: of stage 3, only offload_param with overlap none and accumulation 1 "
+        "is measured";
   } else if (stage3) {
-    if (rate > 0 && f > 0 && s.pcie_h2d_gbps > 0) {
+    if (rate > 0 && f > 0 && s.pcie_h2d_gbps > 0 && io_known) {
       const double passes = w.checkpointing ? 3 : 2;
       const double copies = kParamOffloadSlowdown * (passes + 1) * 2.0 * static_cast<double>(p) /
                             (s.pcie_h2d_gbps * 1e9);
+      // State on NVMe: the update streams it, its I/O under CPU Adam (as in the step profile).
+      const double update = std::max(e.adam_seconds, e.io_seconds);
       e.pcie_seconds = copies;
-      e.step_seconds = f + copies + e.adam_seconds + h;
-      e.bound = copies >= std::max(f, e.adam_seconds) ? "PCIe (parameters fetched per use)"
-                : f >= e.adam_seconds                 ? "GPU and the parameter copies in turn"
-                                                      : "CPU Adam";
+      e.step_seconds = f + copies + update + h;
+      e.bound = copies >= std::max(f, update) ? "PCIe (parameters fetched per use)"
+                : f >= update                 ? "GPU and the parameter copies in turn"
+                : e.io_seconds > e.adam_seconds
+                    ? "NVMe (state; this combination is not yet checked against a run)"
+                    : "CPU Adam";
+    } else if (rate > 0 && f > 0 && s.pcie_h2d_gbps > 0) {
+      e.bound = "no step time: NVMe's speed is unknown (--measure with --nvme, or a bench JSON)";
     } else if (rate > 0 && f > 0) {
       e.bound =
           "no step time: the PCIe speed is unknown (a zoffload-bench pcie JSON, or --measure)";

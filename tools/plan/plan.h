@@ -44,7 +44,8 @@
 // - stage 3 + offload_param, one rank, mode none: F + the copies + Adam + H, where the copies
 //   are each parameter fetched per use (3 x 2P bytes up with checkpointing: forward, the
 //   recomputed forward and backward; 2 x 2P without) and the gradients down (2P), at the host-
-//   to-device rate times kParamOffloadSlowdown.
+//   to-device rate times kParamOffloadSlowdown. With a share of the state on NVMe, max(Adam,
+//   its I/O) replaces Adam (not yet checked against a run; the bound says so).
 // F is the measured forward+backward scaled to the model's parameters (same tokens).
 #pragma once
 
