@@ -115,6 +115,13 @@ std::vector<std::vector<std::byte>> InitialValues(DType dtype) {
   return out;
 }
 
+// The four parameters over `values` (InitialValues' of `dtype`).
+std::vector<ParameterSpec> Specs(std::vector<std::vector<std::byte>>& values, DType dtype) {
+  std::vector<ParameterSpec> specs;
+  for (int t = 0; t < 4; ++t) specs.push_back({kNames[t], values[t].data(), kSizes[t], dtype});
+  return specs;
+}
+
 // How one rank trains: its world, the stage, and what the config sets.
 struct RankRun {
   std::string segment;  // the HostComm segment; with `nccl`, the file of the NCCL unique id
@@ -262,8 +269,7 @@ int Train(const RankRun& run, int rank) {
   auto config = ParseConfig(ConfigJson(run));
   if (!config.ok()) return fail(11, config.status());
   std::vector<std::vector<std::byte>> values = InitialValues(dtype);
-  std::vector<ParameterSpec> specs;
-  for (int t = 0; t < 4; ++t) specs.push_back({kNames[t], values[t].data(), kSizes[t], dtype});
+  std::vector<ParameterSpec> specs = Specs(values, dtype);
   auto zero = ZeroOptimizer::Create(*config, specs, **comm);
   if (!zero.ok()) return fail(12, zero.status());
   ZeroOptimizer& z = **zero;
@@ -498,10 +504,7 @@ void ExpectWorldOneEqualsTheEngine(bool nccl) {
       auto config = ParseConfig(ConfigJson(zero));
       if (!config.ok()) return 1;
       std::vector<std::vector<std::byte>> values = InitialValues(zero.dtype);
-      std::vector<ParameterSpec> specs;
-      for (int t = 0; t < 4; ++t) {
-        specs.push_back({kNames[t], values[t].data(), kSizes[t], zero.dtype});
-      }
+      std::vector<ParameterSpec> specs = Specs(values, zero.dtype);
       EngineOptions eo;
       eo.host_params = true;
       auto engine = OffloadEngine::Create(*config, specs, eo);
@@ -637,9 +640,7 @@ TEST(ZeroOptimizerTest, CheckpointsResumeBitIdenticallyAtAnyWorldSize) {
     auto config = ParseConfig(ConfigJson(run));
     if (!config.ok()) return 1;
     std::vector<std::vector<std::byte>> values = InitialValues(run.dtype);
-    std::vector<ParameterSpec> specs;
-    for (int t = 0; t < 4; ++t)
-      specs.push_back({kNames[t], values[t].data(), kSizes[t], run.dtype});
+    std::vector<ParameterSpec> specs = Specs(values, run.dtype);
     EngineOptions eo;
     eo.host_params = true;
     auto engine = OffloadEngine::Create(*config, specs, eo);
@@ -670,10 +671,7 @@ TEST(ZeroOptimizerTest, GathersAndStepsAreOnTheTrace) {
     auto comm = HostComm::Create({.name = SegmentName("trace")});
     if (!comm.ok()) return 2;
     std::vector<std::vector<std::byte>> values = InitialValues(DType::kFp32);
-    std::vector<ParameterSpec> specs;
-    for (int t = 0; t < 4; ++t) {
-      specs.push_back({kNames[t], values[t].data(), kSizes[t], DType::kFp32});
-    }
+    std::vector<ParameterSpec> specs = Specs(values, DType::kFp32);
     auto z = ZeroOptimizer::Create(*config, specs, **comm);
     if (!z.ok()) return 3;
     std::vector<float> buffer(kSizes[0]);
@@ -717,10 +715,7 @@ TEST(ZeroOptimizerTest, BadInputIsAClearError) {
     auto comm = HostComm::Create({.name = SegmentName("bad")});
     if (!comm.ok()) return 100;
     std::vector<std::vector<std::byte>> values = InitialValues(DType::kFp32);
-    std::vector<ParameterSpec> specs;
-    for (int t = 0; t < 4; ++t) {
-      specs.push_back({kNames[t], values[t].data(), kSizes[t], DType::kFp32});
-    }
+    std::vector<ParameterSpec> specs = Specs(values, DType::kFp32);
     auto with = [&](int stage, const std::string& extra = "") {
       RankRun run;
       run.stage = stage;
