@@ -172,7 +172,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._pending: List[Tuple[str, torch.Tensor, Any]] = []  # gradients on their way
         self._pending_bytes = 0
         self._unregister: Optional[Any] = None  # releases the page-locked block, if any
-        if self._host_grads:
+        if self._host_grads and zero and zc["stage"] == 3:
+            # Read once, at creation, into the partitions: plain copies, dropped after.
+            self._host_values = {name: t.detach().cpu() for name, t in names}
+        elif self._host_grads:
             self._host_values = self._host_copies(names)
         spec = []
         for gi, g in enumerate(self.param_groups):
