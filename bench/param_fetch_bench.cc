@@ -11,13 +11,13 @@
 //     without it (0), and of it the time blocked in gathers: the fetch's exposed time;
 //   - the same with a cache of every layer: the time blocked is the gathers' copies alone,
 //     and what the runs above block beyond it is the NVMe part;
-//   - the disk alone: the values' bytes read with O_DIRECT from a file on the same directory,
-//     as one pass of the gathers reads them (the fetch's bound per pass).
+//   - the disk alone (bench/disk_probe.h, the step profile's anchor): a pass of the values'
+//     bytes read from a file in the same directory through the I/O engine (the fetch's bound
+//     per pass of the gathers).
 // Prints the exposed fetch each way and the share of its NVMe part the read-ahead hides.
 //
 //   build/default/bench/param_fetch_bench DIR [layers 16] [MiB per layer 32] [ms per layer 20]
 //                                         [cache in layers 4] [steps 3]
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,9 +30,9 @@
 #include <thread>
 #include <vector>
 
-#include "common/errno_status.h"
+#include "bench/bench_util.h"
+#include "bench/disk_probe.h"
 #include "common/strings.h"
-#include "common/unique_fd.h"
 #include "zoffload/config.h"
 #include "zoffload/zero.h"
 
@@ -40,8 +40,10 @@ namespace {
 
 using zoffload::DType;
 using zoffload::Status;
-using zoffload::internal::StatusFromErrno;
 using zoffload::internal::StrCat;
+using zoffload::internal::bench::DiskProbe;
+using zoffload::internal::bench::Median;
+using zoffload::internal::bench::SecondsSince;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
@@ -52,15 +54,6 @@ struct Args {
   int cache_layers = 4;
   int steps = 3;
 };
-
-double Since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 void Compute(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
@@ -80,7 +73,7 @@ zoffload::Result<Timed> Train(const Args& a, zoffload::ZeroOptimizer* zero) {
     auto gather = [&](int l) -> Status {
       const auto start = Clock::now();
       if (zero != nullptr) ZO_RETURN_IF_ERROR(zero->GatherParameter(StrCat("l", l), values.data()));
-      gathers += Since(start);
+      gathers += SecondsSince(start);
       return Status::Ok();
     };
     const auto start = Clock::now();
@@ -95,16 +88,16 @@ zoffload::Result<Timed> Train(const Args& a, zoffload::ZeroOptimizer* zero) {
       if (zero != nullptr) {
         ZO_RETURN_IF_ERROR(zero->GradientReady(StrCat("l", l), grad.data(), n, DType::kBf16));
       }
-      handovers += Since(handover);
+      handovers += SecondsSince(handover);
     }
-    const double pass = Since(start);
+    const double pass = SecondsSince(start);
     const auto update = Clock::now();
     if (zero != nullptr) ZO_RETURN_IF_ERROR(zero->Step().status());
     if (step > 0) {
       t.passes.push_back(pass);
       t.gathers.push_back(gathers);
       t.handovers.push_back(handovers);
-      t.updates.push_back(Since(update));
+      t.updates.push_back(SecondsSince(update));
     }
   }
   return t;
@@ -135,39 +128,6 @@ zoffload::Result<Timed> TrainOnNvme(const Args& a, uint64_t prefetch_elements, i
   }();
   std::filesystem::remove_all(nvme);
   return timed;
-}
-
-// Seconds to read `bytes` with O_DIRECT from a file of them in `dir`, in 4 MiB requests (the
-// disk's own pace on this path), best of three.
-zoffload::Result<double> DiskRead(const std::string& dir, uint64_t bytes) {
-  const std::string path = StrCat(dir, "/param-fetch-", ::getpid(), ".read");
-  constexpr uint64_t kBlock = 4 << 20;
-  auto* buffer = static_cast<char*>(std::aligned_alloc(4096, kBlock));
-  std::fill(buffer, buffer + kBlock, 'z');
-  double best = 1e30;
-  Status status = Status::Ok();
-  {
-    zoffload::internal::UniqueFd fd(::open(path.c_str(), O_CREAT | O_RDWR | O_DIRECT, 0600));
-    if (fd.get() < 0) status = StatusFromErrno(errno, StrCat("open ", path));
-    for (uint64_t at = 0; status.ok() && at < bytes; at += kBlock) {
-      if (::pwrite(fd.get(), buffer, kBlock, static_cast<off_t>(at)) != kBlock) {
-        status = StatusFromErrno(errno, StrCat("write ", path));
-      }
-    }
-    for (int round = 0; status.ok() && round < 3; ++round) {
-      const auto start = Clock::now();
-      for (uint64_t at = 0; status.ok() && at < bytes; at += kBlock) {
-        if (::pread(fd.get(), buffer, kBlock, static_cast<off_t>(at)) != kBlock) {
-          status = StatusFromErrno(errno, StrCat("read ", path));
-        }
-      }
-      best = std::min(best, Since(start));
-    }
-  }
-  std::free(buffer);
-  ::unlink(path.c_str());
-  if (!status.ok()) return status;
-  return best;
 }
 
 int Fail(const Status& s) {
@@ -207,11 +167,12 @@ int main(int argc, char** argv) {
   cached.cache_layers = a.layers;  // every value stays in host memory: the gathers' copies alone
   auto floor = TrainOnNvme(cached, 2 * n, 2);
   if (!floor.ok()) return Fail(floor.status());
-  auto disk = DiskRead(a.dir, static_cast<uint64_t>(a.layers) * (a.layer_mib << 20));
+  const uint64_t pass_bytes = static_cast<uint64_t>(a.layers) * (a.layer_mib << 20);
+  auto disk = DiskProbe::Create(a.dir, zoffload::AioConfig{}, pass_bytes, false);
   if (!disk.ok()) return Fail(disk.status());
+  const double read_gbps = (*disk)->read_gbps();
   const double c = Median(compute->passes), with = Median(ahead->gathers),
                without = Median(none->gathers);
-  const double pass_bytes = static_cast<double>(a.layers) * static_cast<double>(a.layer_mib << 20);
   std::printf("compute alone (forward + backward)       %7.3f s\n", c);
   std::printf(
       "with the read-ahead: fwd+bwd %7.3f s, blocked in gathers %.3f s, in hand-overs "
@@ -224,7 +185,7 @@ int main(int argc, char** argv) {
   std::printf(
       "the disk alone: one pass of the values   %7.3f s (%.2f GB/s; a step gathers "
       "each layer twice)\n",
-      *disk, pass_bytes / *disk / 1e9);
+      static_cast<double>(pass_bytes) / (read_gbps * 1e9), read_gbps);
   const double copies = Median(floor->gathers);
   std::printf("every value in the cache: blocked in gathers %.3f s (their copies alone)\n", copies);
   if (without > copies) {

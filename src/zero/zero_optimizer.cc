@@ -506,8 +506,11 @@ Status ZeroOptimizer::GatherPieces(Param* p, void* out) {
     uint64_t most = 0;
     for (uint64_t r = first; r <= last; ++r) most = std::max(most, hi(r) - lo(r));
     const uint64_t bytes = most * element;
-    if (scratch_.size() < bytes) scratch_.resize(bytes);
-    const std::byte* send = scratch_.data();
+    auto scratch = [&] {  // what a rank sends that is not its whole piece (`most` elements)
+      if (scratch_.size() < bytes) scratch_.resize(bytes);
+      return scratch_.data();
+    };
+    const std::byte* send = nullptr;
     SpanValues mine;
     if (me >= first && me <= last) {
       const uint64_t from = s.first + lo(me) - s.offset;
@@ -529,9 +532,10 @@ Status ZeroOptimizer::GatherPieces(Param* p, void* out) {
       if (n == most) {
         send = mine.data;
       } else {
-        std::memcpy(scratch_.data(), mine.data, n * element);
+        send = static_cast<const std::byte*>(std::memcpy(scratch(), mine.data, n * element));
       }
     }
+    if (send == nullptr) send = scratch();  // no piece here: filler
     gathered_values_.resize(static_cast<uint64_t>(comm_.world()) * bytes);
     ZO_RETURN_IF_ERROR(comm_.AllGather(send, gathered_values_.data(), bytes)
                            .WithContext(StrCat("GatherParameter: '", p->name, "' in bucket ", b)));
