@@ -9,10 +9,10 @@
 
 namespace zoffload::internal::zero {
 
-void ExactSquares::AddSerial(const float* x, uint64_t n) {
+template <typename T, typename Bits>
+void ExactSquares::AddSerial(const T* x, uint64_t n, Bits bits_of) {
   for (uint64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, x + i, 4);
+    const uint32_t bits = bits_of(x, i);
     const uint32_t e = (bits >> 23) & 0xffu;
     if (e == 0xffu) {
       ++nonfinite_;
@@ -26,10 +26,11 @@ void ExactSquares::AddSerial(const float* x, uint64_t n) {
   }
 }
 
-void ExactSquares::Add(const float* x, uint64_t n, int threads) {
+template <typename T, typename Bits>
+void ExactSquares::AddParallel(const T* x, uint64_t n, int threads, Bits bits_of) {
   constexpr uint64_t kPart = uint64_t{1} << 16;
   if (threads <= 1 || n < 2 * kPart) {
-    AddSerial(x, n);
+    AddSerial(x, n, bits_of);
     return;
   }
   const auto parts = static_cast<int64_t>((n + kPart - 1) / kPart);
@@ -37,10 +38,23 @@ void ExactSquares::Add(const float* x, uint64_t n, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t k = 0; k < parts; ++k) {
     const uint64_t first = static_cast<uint64_t>(k) * kPart;
-    partial[static_cast<size_t>(omp_get_thread_num())].AddSerial(x + first,
-                                                                 std::min(kPart, n - first));
+    partial[static_cast<size_t>(omp_get_thread_num())].AddSerial(
+        x + first, std::min(kPart, n - first), bits_of);
   }
   for (const ExactSquares& p : partial) Merge(p);
+}
+
+void ExactSquares::Add(const float* x, uint64_t n, int threads) {
+  AddParallel(x, n, threads, [](const float* v, uint64_t i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, 4);
+    return bits;
+  });
+}
+
+void ExactSquares::AddBf16(const uint16_t* x, uint64_t n, int threads) {
+  AddParallel(x, n, threads,
+              [](const uint16_t* v, uint64_t i) { return static_cast<uint32_t>(v[i]) << 16; });
 }
 
 void ExactSquares::Merge(const ExactSquares& other) {

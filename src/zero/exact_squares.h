@@ -20,6 +20,8 @@ class ExactSquares {
   /// Adds the squares of x[0, n) (threads > 1: in parallel; the result does not depend on it).
   /// An inf or NaN makes finite() false.
   void Add(const float* x, uint64_t n, int threads = 1);
+  /// The same for bf16 values (each is the fp32 value of its bits shifted up by 16).
+  void AddBf16(const uint16_t* x, uint64_t n, int threads = 1);
   /// Adds another's bins (integer additions: exact and in any order).
   void Merge(const ExactSquares& other);
   bool finite() const { return nonfinite_ == 0; }
@@ -27,7 +29,11 @@ class ExactSquares {
   double Sum() const;
 
  private:
-  void AddSerial(const float* x, uint64_t n);
+  // The bits of value i as fp32: Bits(x, i).
+  template <typename T, typename Bits>
+  void AddSerial(const T* x, uint64_t n, Bits bits);
+  template <typename T, typename Bits>
+  void AddParallel(const T* x, uint64_t n, int threads, Bits bits);
   // Trivially copyable, so ranks exchange it as bytes.
   uint64_t lo_[kBins + 1] = {};
   uint64_t hi_[kBins + 1] = {};

@@ -193,8 +193,12 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
 
   const uint64_t part = z->plan_.partition_elements();
   const uint64_t element = z->bytes_per_element();
-  ZO_ASSIGN_OR_RETURN(z->grads_,
-                      z->rt_->AllocateHost(4 * part, "ZeRO: the partition's gradient sums", false));
+  if (comm.world() == 1 && z->accumulation_ == 1 && z->stage_ >= 2 &&
+      (z->dtype_ == DType::kFp32 || z->dtype_ == DType::kBf16)) {
+    z->grad_dtype_ = z->dtype_;
+  }
+  ZO_ASSIGN_OR_RETURN(z->grads_, z->rt_->AllocateHost(DTypeBytes(z->grad_dtype_) * part,
+                                                      "ZeRO: the partition's gradients", false));
   std::memset(z->grads_.data(), 0, z->grads_.size());
   if (z->stage_ == 3 && zc.offload_param.device == OffloadDevice::kNvme) {
     // The cache holds a piece while it is gathered or updated: the largest must fit.
@@ -305,8 +309,14 @@ Status ZeroOptimizer::GradientReady(std::string_view name, const void* grad, uin
     }
     if (comm_.world() == 1) {
       // One rank: a sum over ranks is its own value, so the partition's sums take the gradient
-      // directly (the bits of the bucket and its reduce-scatter, without them).
-      Accumulate(grads_.as<float>() + bucket_offset_[b] + s.offset, from, dtype_, s.n, micro > 0);
+      // directly (the bits of the bucket and its reduce-scatter, without them); with one
+      // micro-batch, as given.
+      const uint64_t at = bucket_offset_[b] + s.offset;
+      if (accumulation_ == 1 && grad_dtype_ == dtype_) {
+        std::memcpy(grads_.data() + at * element, from, s.n * element);
+      } else {
+        Accumulate(grads_.as<float>() + at, from, dtype_, s.n, micro > 0);
+      }
       continue;
     }
     auto [it, fresh] = filling_.try_emplace(b);
@@ -418,7 +428,13 @@ Result<EngineStepStats> ZeroOptimizer::Step() {
   const int threads = config_.zoffload.cpu_adam_threads > 0 ? config_.zoffload.cpu_adam_threads
                                                             : omp_get_max_threads();
   ExactSquares mine;
-  for (const BucketPlan::Span& s : owned_) mine.Add(grads_.as<float>() + s.offset, s.n, threads);
+  for (const BucketPlan::Span& s : owned_) {
+    if (grad_dtype_ == DType::kBf16) {
+      mine.AddBf16(grads_.as<uint16_t>() + s.offset, s.n, threads);
+    } else {
+      mine.Add(grads_.as<float>() + s.offset, s.n, threads);
+    }
+  }
   std::vector<ExactSquares> all(static_cast<size_t>(comm_.world()));
   ZO_RETURN_IF_ERROR(comm_.AllGather(&mine, all.data(), sizeof(ExactSquares))
                          .WithContext("Step: the gradient norm's parts"));
@@ -437,8 +453,8 @@ Result<EngineStepStats> ZeroOptimizer::Step() {
     const std::vector<AdamHyper> hypers = GroupHypers(groups_, base);
     std::vector<TensorGrads> grads;
     for (const BucketPlan::Span& s : owned_) {
-      grads.push_back({grads_.as<float>() + s.offset, DType::kFp32, nullptr, CopyFor(dtype_),
-                       &hypers[params_[s.tensor].group]});
+      grads.push_back({grads_.data() + s.offset * DTypeBytes(grad_dtype_), grad_dtype_, nullptr,
+                       CopyFor(dtype_), &hypers[params_[s.tensor].group]});
     }
     // (With the values on NVMe a span is overwritten without being read: after a failed step
     // the values of the spans it was updating are undefined, as the run's state is.)

@@ -155,7 +155,10 @@ class ZeroOptimizer {
   std::unique_ptr<RuntimeContext> own_context_;
   Runtime* rt_ = nullptr;
   std::unique_ptr<OptimizerState> state_;  // one tensor per owned span; null if none
-  HostMemory grads_;                       // the partition's fp32 gradient sums
+  // The partition's gradients: fp32 sums, or at one rank with one micro-batch at stages 2-3
+  // the fp32 or bf16 gradient as given (grad_dtype_; the sums would hold the same values).
+  HostMemory grads_;
+  DType grad_dtype_ = DType::kFp32;
   HostMemory values_;  // the partition's parameter values (dtype), unless in the store
   // offload_param nvme: the values, one tensor per owned span (value_keys_[k]), and the
   // parameters gathered in this step and the last, the read-ahead's position in the last.

@@ -153,17 +153,21 @@ TEST(PlanTest, StageAndWorldMemoryByHand) {
   EXPECT_DOUBLE_EQ(e.step_seconds, 1 + 12 + kParamOffloadSlowdown * 8000 / 1e9);
   EXPECT_NE(e.bound.find("NVMe (state; this combination is not yet checked"), std::string::npos)
       << e.bound;
-  // offload_param nvme: a host cache of 300 values (600 bytes), ZeRO's fp32 sums (4000) for
-  // the gradients, the values on NVMe (2000); no step time yet, and it says why.
+  // offload_param nvme: a host cache of 300 values (600 bytes), the bf16 gradients as given
+  // (2000: one rank, one micro-batch), the values on NVMe (2000); no step time yet, and it says
+  // why. With accumulation 2, ZeRO's fp32 sums (4000) instead.
   w.param_nvme = true;
   w.max_in_cpu = 300;
   e = EstimateRun(m, w, {Overlap::kNone, StatePrecision::kFp32, 0.5}, s);
   EXPECT_EQ(e.host_params, 600u);
-  EXPECT_EQ(e.host_grads, 4000u);
-  EXPECT_EQ(e.host_bytes, 6000u + 4000u + 600u + kProcessBytes);
+  EXPECT_EQ(e.host_grads, 2000u);
+  EXPECT_EQ(e.host_bytes, 6000u + 2000u + 600u + kProcessBytes);
   EXPECT_EQ(e.nvme_bytes, 12000u + 2000u);
   EXPECT_EQ(e.step_seconds, 0.0);
   EXPECT_NE(e.bound.find("offload_param nvme is not measured yet"), std::string::npos) << e.bound;
+  Workload accumulated = w;
+  accumulated.accumulation = 2;
+  EXPECT_EQ(EstimateRun(m, accumulated, fp32, s).host_grads, 4000u);
   w.max_in_cpu = 5000;  // a cache larger than the model holds the model
   EXPECT_EQ(EstimateRun(m, w, fp32, s).host_params, 2000u);
 }

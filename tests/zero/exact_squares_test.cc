@@ -89,5 +89,33 @@ TEST(ExactSquaresTest, InfAndNanAreNotFinite) {
   }
 }
 
+// bf16 values (the top halves of fresh random floats, subnormals, inf and NaN among them) give
+// the bits of the same values widened to fp32, threaded or not.
+TEST(ExactSquaresTest, Bf16GivesTheBitsOfItsFp32Widening) {
+  std::vector<float> x = Values(400'009, 13);
+  std::vector<uint16_t> bf16(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &x[i], 4);
+    bf16[i] = static_cast<uint16_t>(bits >> 16);
+    bits = static_cast<uint32_t>(bf16[i]) << 16;
+    std::memcpy(&x[i], &bits, 4);
+  }
+  ExactSquares wide;
+  wide.Add(x.data(), x.size());
+  for (int threads : {1, 3}) {
+    ExactSquares narrow;
+    narrow.AddBf16(bf16.data(), bf16.size(), threads);
+    EXPECT_TRUE(narrow.finite());
+    EXPECT_EQ(Bits(narrow.Sum()), Bits(wide.Sum())) << threads << " threads";
+  }
+  for (uint16_t bad : {uint16_t{0x7f80}, uint16_t{0xff80}, uint16_t{0x7fc0}}) {  // +-inf, NaN
+    bf16[123] = bad;
+    ExactSquares s;
+    s.AddBf16(bf16.data(), bf16.size(), 2);
+    EXPECT_FALSE(s.finite()) << std::hex << bad;
+  }
+}
+
 }  // namespace
 }  // namespace zoffload::internal::zero

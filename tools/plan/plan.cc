@@ -134,7 +134,10 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   e.host_state = state - on_nvme;
   const uint64_t staged = w.accumulation > 1 && c.overlap == Overlap::kDelayed ? 2 * p : 0;
   const bool param_nvme = stage3 && w.offload_param && w.param_nvme;
-  e.host_grads = param_nvme ? 4 * p : (w.accumulation > 1 ? 6 * p : 2 * p) + staged;
+  // offload_param nvme: ZeRO's partition gradients, fp32 sums, or at one rank with one
+  // micro-batch each bf16 gradient as given.
+  const uint64_t zero_grads = n == 1 && w.accumulation == 1 ? 2 * p : 4 * p;
+  e.host_grads = param_nvme ? zero_grads : (w.accumulation > 1 ? 6 * p : 2 * p) + staged;
   e.host_params =
       !stage3 || !w.offload_param ? 0 : 2 * (param_nvme ? std::min(w.max_in_cpu, p) : p);
   e.host_pinned = 2 * p + staged + e.host_params;

@@ -18,7 +18,8 @@
 //   host share (1 - ratio), the gradient buffers (accumulation 1: 2P, the gradient in place;
 //   more: 4P fp32 sums + 2P landing, and with overlap delayed 2P for the new values), stage 3
 //   with offload_param the bf16 parameters (2P; offload_param "nvme": its host cache,
-//   2 min(max_in_cpu, P), and ZeRO's fp32 gradient sums (4P) replace the gradient buffers), and
+//   2 min(max_in_cpu, P), and ZeRO's gradients replace the gradient buffers: 4P fp32 sums, 2P
+//   at one rank with one micro-batch), and
 //   each rank's process (N kProcessBytes: torch and CUDA). Stages 1-3 partition the state and
 //   the gradient buffers across the ranks (each holds 1/N: the machine holds them once); stage
 //   1 all-reduces the gradients and keeps its partition, stage 2 reduce-scatters them: the
