@@ -161,26 +161,46 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   const double h = kHandOverSeconds * static_cast<double>(m.tensors);
   if (n > 1) {
     e.bound = "no step time: ZeRO across ranks is not measured yet";
-  } else if (param_nvme) {
-    e.bound = "no step time: offload_param nvme is not measured yet";
   } else if (stage3 && (!w.offload_param || c.overlap != Overlap::kNone || w.accumulation > 1)) {
     e.bound =
         "no step time: of stage 3, only offload_param with overlap none and accumulation 1 "
         "is measured";
   } else if (stage3) {
-    if (rate > 0 && f > 0 && s.pcie_h2d_gbps > 0 && io_known) {
+    const bool values_known = !param_nvme || (s.nvme_read_gbps > 0 && s.nvme_write_gbps > 0);
+    if (rate > 0 && f > 0 && s.pcie_h2d_gbps > 0 && io_known && values_known) {
       const double passes = w.checkpointing ? 3 : 2;
       const double copies = kParamOffloadSlowdown * (passes + 1) * 2.0 * static_cast<double>(p) /
                             (s.pcie_h2d_gbps * 1e9);
       // State on NVMe: the update streams it, its I/O under CPU Adam (as in the step profile).
-      const double update = std::max(e.adam_seconds, e.io_seconds);
+      double update = std::max(e.adam_seconds, e.io_seconds);
+      double compute = f + copies;
+      double reads = 0;
+      if (param_nvme) {
+        // What the host cache cannot hold (2 bytes a value) is read in the forward and again
+        // in the backward (its recomputation keeps them), ahead of use under the compute, and
+        // written back by the update, beside the state's I/O.
+        const double out = 2.0 * static_cast<double>(p - std::min(w.max_in_cpu, p));
+        reads = 2 * out / (s.nvme_read_gbps * 1e9);
+        const double writes = out / (s.nvme_write_gbps * 1e9);
+        e.io_seconds += reads + writes;
+        update = std::max(e.adam_seconds, e.io_seconds - reads);
+        compute = std::max(compute, reads);
+      }
       e.pcie_seconds = copies;
-      e.step_seconds = f + copies + update + h;
-      e.bound = copies >= std::max(f, update) ? "PCIe (parameters fetched per use)"
-                : f >= update                 ? "GPU and the parameter copies in turn"
-                : e.io_seconds > e.adam_seconds
-                    ? "NVMe (state; this combination is not yet checked against a run)"
-                    : "CPU Adam";
+      e.step_seconds = compute + update + h;
+      const bool state_bound = e.io_seconds - reads > e.adam_seconds;
+      e.bound = reads > f + copies              ? "NVMe (parameters read ahead)"
+                : copies >= std::max(f, update) ? "PCIe (parameters fetched per use)"
+                : f >= update                   ? "GPU and the parameter copies in turn"
+                : !state_bound                  ? "CPU Adam"
+                : param_nvme                    ? "NVMe (parameters and state)"
+                                                : "NVMe (state)";
+      if (param_nvme || state_bound)
+        e.bound += "; this combination is not yet checked against a run";
+    } else if (rate > 0 && f > 0 && s.pcie_h2d_gbps > 0 && io_known) {
+      e.bound =
+          "no step time: NVMe's read and write speeds are unknown (--measure with --nvme, "
+          "or a bench JSON)";
     } else if (rate > 0 && f > 0 && s.pcie_h2d_gbps > 0) {
       e.bound = "no step time: NVMe's speed is unknown (--measure with --nvme, or a bench JSON)";
     } else if (rate > 0 && f > 0) {

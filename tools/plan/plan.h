@@ -46,7 +46,11 @@
 //   are each parameter fetched per use (3 x 2P bytes up with checkpointing: forward, the
 //   recomputed forward and backward; 2 x 2P without) and the gradients down (2P), at the host-
 //   to-device rate times kParamOffloadSlowdown. With a share of the state on NVMe, max(Adam,
-//   its I/O) replaces Adam (not yet checked against a run; the bound says so).
+//   its I/O) replaces Adam. offload_param "nvme": the values the host cache cannot hold (V
+//   bytes) are read twice a step (forward; backward with its recomputation) ahead of use,
+//   max(F + the copies, 2V at the read rate), and written back by the update, max(Adam, the
+//   state's I/O + V at the write rate). Neither NVMe case is checked against a run yet; the bound
+//   says so.
 // F is the measured forward+backward scaled to the model's parameters (same tokens).
 #pragma once
 
