@@ -313,15 +313,23 @@ int Main(int argc, char** argv) {
   for (Overlap overlap : {Overlap::kNone, Overlap::kBackward, Overlap::kDelayed}) {
     for (StatePrecision state :
          {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
-      for (double ratio : {0.0, 0.5, 1.0}) {
-        if (ratio > 0 && (nvme.empty() || overlap != Overlap::kNone)) continue;
-        // The config refuses delayed with offload_param (the update would write the values
-        // being fetched).
-        if (overlap == Overlap::kDelayed && w.offload_param) continue;
-        // offload_param nvme runs as ZeRO, whose step is overlap none's.
-        if (overlap != Overlap::kNone && w.param_nvme) continue;
-        rows.push_back(row_of({overlap, state, ratio}));
+      // The config refuses delayed with offload_param (the update would write the values
+      // being fetched); offload_param nvme runs as ZeRO, whose step is overlap none's.
+      if (overlap == Overlap::kDelayed && w.offload_param) continue;
+      if (overlap != Overlap::kNone && w.param_nvme) continue;
+      rows.push_back(row_of({overlap, state, 0.0}));
+      if (nvme.empty() || overlap != Overlap::kNone) continue;
+      // The least share of the state on NVMe (in steps of 0.05) that fits host memory, when
+      // all of it in host memory does not: the host's state shrinks by the share moved.
+      const Estimate& host = rows.back().e;
+      std::vector<double> ratios = {0.5, 1.0};
+      if (host.host_bytes > host_mem && host.host_state > 0) {
+        const double least =
+            static_cast<double>(host.host_bytes - host_mem) / static_cast<double>(host.host_state);
+        const double ratio = std::ceil(least * 20 - 1e-9) / 20;
+        if (ratio < 1 && ratio != 0.5) ratios.insert(ratios.begin(), ratio);
       }
+      for (double ratio : ratios) rows.push_back(row_of({overlap, state, ratio}));
     }
   }
   // Fitting first, then by step time (unknown last), exact modes and wider state first on ties.
@@ -428,10 +436,7 @@ int Main(int argc, char** argv) {
       return Fail(
           StrCat("internal: the advised config does not parse: ", parsed.status().message()));
     }
-    std::printf("\nadvice: overlap %s, %s state%s%s\n%s\n",
-                std::string(ToString(best.e.candidate.overlap)).c_str(),
-                std::string(ToString(best.e.candidate.state)).c_str(),
-                best.e.candidate.nvme_ratio > 0 ? ", on NVMe" : ", in host memory",
+    std::printf("\nadvice: %s%s\n%s\n", Describe(best.e.candidate).c_str(),
                 best.e.step_seconds > 0 || w.world > 1 || w.stage == 3
                     ? ""
                     : " (its step time is unknown: --bench-json with a zoffload-bench adam run "

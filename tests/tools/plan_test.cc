@@ -416,6 +416,19 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
   for (const auto& c : p13["candidates"]) EXPECT_NE(c["overlap"], "delayed") << c.dump();
   EXPECT_EQ(p13["advice"]["zero_optimization"]["offload_param"]["device"], "cpu");
   EXPECT_TRUE(ParseConfig(p13["advice"].dump()).ok()) << p13["advice"].dump();
+  // 0.3B parameters in 5 GiB of host memory with a disk: the least share of the state on NVMe
+  // that fits (0.3 of the fp32 state, in steps of 0.05; 2 GiB of disk) is a candidate, and the
+  // advice (no step times known: the widest state first).
+  r = testing::RunCommand(tool + " --params 300000000 --gpu-mem 24GiB --host-mem 5GiB --nvme " +
+                          dir.path() + " --stage 3 --offload-param --json " +
+                          dir.File("least.json") + " 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("advice: overlap none, fp32 state, 0.3 on NVMe"), std::string::npos)
+      << r.output;
+  const auto least = ReadJson(dir.File("least.json"));
+  EXPECT_EQ(least["advice"]["zero_optimization"]["offload_optimizer"]["ratio"], 0.3);
+  EXPECT_LE(least["candidates"][0]["host_bytes"].get<double>(), 5.0 * (1 << 30));
+  EXPECT_GT(least["candidates"][0]["host_bytes"].get<double>(), 4.5 * (1 << 30));
   const auto z3 = ReadJson(dir.File("z3.json"));
   EXPECT_TRUE(ParseConfig(z3["advice"].dump()).ok()) << z3["advice"].dump();
   EXPECT_EQ(z3["advice"]["zero_optimization"]["stage"], 3);
