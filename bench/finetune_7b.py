@@ -276,6 +276,13 @@ def report(args, results):
         lines.append(f"| {r['system']} | {r['seconds_per_step']:.3f} | {r['tokens_per_s']:.0f} | "
                      f"{r['gpu_peak_gib']:.1f} | {r['host_peak_gib']:.1f} | {losses} |")
     print("\n".join(lines))
+    for r in results:  # parameter offload: how much of the copies the compute did not wait for
+        timed = [s for s in r.get("steps", [])[2:] if s.get("parameter_copy_seconds")]
+        if timed:
+            copy = sum(s["parameter_copy_seconds"] for s in timed) / len(timed)
+            exposed = sum(s["parameter_copy_exposed_seconds"] for s in timed) / len(timed)
+            print(f"| {r['system']} parameter copies: {copy:.3f} s of GPU time a step, the compute "
+                  f"waited {exposed:.3f} s: {1 - exposed / copy:.0%} hidden |")
     fb = by.get("fwd_bwd")
     bounds = {}
     z = by.get("zoffload:none:fp32")

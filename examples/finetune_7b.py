@@ -207,7 +207,11 @@ def run_zoffload(args, name=""):
     def step():
         opt.step()
         s = opt.stats()
-        return {k: s[k] for k in ("adam_seconds", "wait_grads_seconds", "update_seconds")}
+        # With --offload-param also the parameter copies' GPU time and the part of it that the
+        # compute waited for.
+        return {k: s[k] for k in ("adam_seconds", "wait_grads_seconds", "update_seconds",
+                                  "parameter_copy_seconds", "parameter_copy_exposed_seconds")
+                if k in s}
 
     default_name = f"zoffload:{args.overlap}:{args.state}" + (
         ":params" if getattr(args, "offload_param", False) else "")

@@ -328,6 +328,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._last_at: Dict[int, int] = {}
         self._fetches = self._fetched_elements = 0
         self._last_fetches = (0, 0)
+        # On a GPU, timing events around this step's parameter copies (on whichever stream)
+        # and around the compute stream's waits for them; their sums at the last step.
+        self._copy_spans: List[Tuple[Any, Any]] = []
+        self._wait_spans: List[Tuple[Any, Any]] = []
+        self._last_copy_seconds = (0.0, 0.0)
         # Parameters below stage3_param_persistence_threshold elements stay on the device (a
         # copy per use would cost more than it saves); step() refreshes them.
         threshold = zc["stage3_param_persistence_threshold"]
@@ -433,13 +438,21 @@ class OffloadOptimizer(torch.optim.Optimizer):
         elif prefetched is not None:
             values, copied = prefetched
             stream = torch.cuda.current_stream()
+            waited = _timing_event(stream)
             stream.wait_event(copied)
+            self._wait_spans.append((waited, _timing_event(stream)))
             for (_, p), v in zip(own, values):
                 v.record_stream(stream)
                 p.data = v
         else:
+            # Copies at their use, on the compute stream: it waits for all of them.
+            started = _timing_event() if own[0][1].is_cuda else None
             for name, p in own:
                 p.data = self._fetch(name, p)
+            if started is not None:
+                span = (started, _timing_event())
+                self._copy_spans.append(span)
+                self._wait_spans.append(span)
         if not present:
             self._fetches += 1
             self._fetched_elements += sum(self._shapes[name].numel() for name, _ in own)
@@ -488,10 +501,22 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self._copies is None:
             self._copies = torch.cuda.Stream(own[0][1].device)
         with torch.cuda.stream(self._copies):
+            started = _timing_event()
             values = [self._host_values[name].to(p.device, non_blocking=True) for name, p in own]
-            copied = torch.cuda.Event()
-            copied.record()
+            copied = _timing_event()
+        self._copy_spans.append((started, copied))
         self._prefetched[key] = (values, copied)
+
+    def _take_copy_seconds(self) -> Tuple[float, float]:
+        """This step's parameter copies on the GPU: their time, and the compute stream's time
+        waiting for them (seconds, from the timing events; the step's work is done)."""
+        def total(spans: List[Tuple[Any, Any]]) -> float:
+            return sum(a.elapsed_time(b) for a, b in spans) / 1e3
+        for _, end in self._copy_spans + self._wait_spans:
+            end.synchronize()
+        taken = (total(self._copy_spans), total(self._wait_spans))
+        self._copy_spans, self._wait_spans = [], []
+        return taken
 
     def _fetch(self, name: str, p: torch.Tensor) -> torch.Tensor:
         """Parameter `name`'s current values, on the device of the (empty) parameter `p`: the
@@ -571,6 +596,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._last_at.clear()
             self._last_fetches = (self._fetches, self._fetched_elements)
             self._fetches = self._fetched_elements = 0
+            self._last_copy_seconds = self._take_copy_seconds()
         if self._zero is not None:
             stats = self._zero.step()
         else:
@@ -614,11 +640,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def stats(self) -> dict:
         """The last step's phase times, bytes moved, grad norm, loss scale and skip flag; with
         parameters fetched per module (stage 3), also ``parameter_fetches`` (module fetches
-        that copied) and ``parameter_fetch_elements`` of that step."""
+        that copied) and ``parameter_fetch_elements`` of that step, and on a GPU
+        ``parameter_copy_seconds`` (the GPU time of those copies) and
+        ``parameter_copy_exposed_seconds`` (the compute stream's time waiting for them: the
+        part not hidden under compute)."""
         last = getattr(self, "_last", {}) if self._zero is not None else self._engine.last_step
         if self._partitioned:
             fetches, elements = self._last_fetches
-            last = {**last, "parameter_fetches": fetches, "parameter_fetch_elements": elements}
+            copy, exposed = self._last_copy_seconds
+            last = {**last, "parameter_fetches": fetches, "parameter_fetch_elements": elements,
+                    "parameter_copy_seconds": copy, "parameter_copy_exposed_seconds": exposed}
         return last
 
     def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
@@ -756,6 +787,13 @@ def _unregister(block: torch.Tensor) -> None:
     """Unpins a block _host_copies registered, once no copy reads it."""
     torch.cuda.synchronize()
     torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(block.data_ptr()))
+
+
+def _timing_event(stream: Optional[Any] = None) -> Any:
+    """A CUDA timing event recorded now on `stream` (the current one by default)."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(stream)
+    return event
 
 
 def _drop(own: List[Tuple[str, torch.Tensor]]) -> None:

@@ -94,7 +94,14 @@ def test_parameter_offload_on_cuda_trains_as_the_resident_engine():
             losses.append(loss.item())
             opt.step()
         assert losses[0] == losses[1]
-        fetches.append(opt_o.stats()["parameter_fetches"])
+        stats = opt_o.stats()
+        fetches.append(stats["parameter_fetches"])
+        # The copies' GPU time, and the compute stream's wait for them (all of it in the first
+        # step, whose copies run at their use).
+        assert stats["parameter_copy_seconds"] > 0, stats
+        assert 0 <= stats["parameter_copy_exposed_seconds"], stats
+        if len(fetches) == 1:
+            assert stats["parameter_copy_exposed_seconds"] == stats["parameter_copy_seconds"]
         # The LayerNorm and biases (< 100 elements) stay; the weights are empty between uses.
         for p, q in zip(offloaded.parameters(), resident.parameters()):
             assert p.is_cuda and (p.numel() == 0) == (q.numel() >= 100), q.shape
