@@ -172,7 +172,7 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
       const double copies = kParamOffloadSlowdown * (passes + 1) * 2.0 * static_cast<double>(p) /
                             (s.pcie_h2d_gbps * 1e9);
       // State on NVMe: the update streams it, its I/O under CPU Adam (as in the step profile).
-      double update = std::max(e.adam_seconds, e.io_seconds);
+      double update_io = e.io_seconds;
       double compute = f + copies;
       double reads = 0;
       if (param_nvme) {
@@ -181,14 +181,14 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
         // written back by the update, beside the state's I/O.
         const double out = 2.0 * static_cast<double>(p - std::min(w.max_in_cpu, p));
         reads = 2 * out / (s.nvme_read_gbps * 1e9);
-        const double writes = out / (s.nvme_write_gbps * 1e9);
-        e.io_seconds += reads + writes;
-        update = std::max(e.adam_seconds, e.io_seconds - reads);
+        update_io += out / (s.nvme_write_gbps * 1e9);
         compute = std::max(compute, reads);
       }
+      const double update = std::max(e.adam_seconds, update_io);
+      e.io_seconds = update_io + reads;
       e.pcie_seconds = copies;
       e.step_seconds = compute + update + h;
-      const bool state_bound = e.io_seconds - reads > e.adam_seconds;
+      const bool state_bound = update_io > e.adam_seconds;
       e.bound = reads > f + copies              ? "NVMe (parameters read ahead)"
                 : copies >= std::max(f, update) ? "PCIe (parameters fetched per use)"
                 : f >= update                   ? "GPU and the parameter copies in turn"
