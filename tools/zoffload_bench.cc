@@ -14,10 +14,12 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,7 +79,7 @@ zoffload-bench adam [--params 256M] [--threads N] [--grad-dtype fp32,bf16,fp16]
 
 zoffload-bench step [--params 128M] [--tensors 16] [--state-on host|nvme] [--path DIR ...]
                     [--state fp32|bf16|int8] [--grad-dtype bf16] [--buffers 4] [--chunk 4M]
-                    [--threads N]
+                    [--nvme-ratio 1] [--threads N]
                     [--steps 3] [--no-checksums] [--durable] [--config ds.json] [--json FILE] [--trace FILE]
   Real optimizer steps (gradient norm + Adam; bf16 grads and a bf16 parameter copy by
   default) over state in host memory or streamed from NVMe through --buffers chunk slots.
@@ -87,6 +89,9 @@ zoffload-bench step [--params 128M] [--tensors 16] [--state-on host|nvme] [--pat
   --config takes aio, NVMe paths, buffer_count and zoffload.optimizer_state from a config.
   --trace writes a Chrome trace-event timeline (open it in Perfetto or chrome://tracing).
   --chunk sets the elements per pipeline chunk (default 4M; 16M for int8 state).
+  --nvme-ratio R keeps the share R of the state on NVMe, whole tensors in host memory for
+  the rest (offload_optimizer.ratio); the step is then held against the larger of the two
+  bounds (bound_seconds), CPU Adam running on the host share while the disk works.
   --no-checksums turns off the CRC32C of every swap block (on by default); --durable flushes
   every step's writes to the device (the disk bound then flushes too).
 
@@ -499,6 +504,9 @@ Status WriteStepJson(const std::string& path, const StepRecord& r) {
                               {"io_ratio", r.io_ratio},
                               {"io_ratio_best", r.io_ratio_best},
                               {"adam_ratio", r.adam_ratio},
+                              {"nvme_ratio", r.nvme_ratio},
+                              {"bound_seconds", r.bound_seconds},
+                              {"bound_ratio", r.bound_ratio},
                               {"host_bytes", r.host_bytes},
                               {"chunk_elements", r.chunk_elements},
                               {"buffers", r.buffers}};
@@ -514,6 +522,14 @@ struct StateProfileArgs {
   std::vector<std::string>& paths;
   std::string &json_path, &trace_path;
 };
+
+// The number `v` spells in full (strtod's syntax), or nothing.
+std::optional<double> ParseNumber(const std::string& v) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (end == v.c_str() || *end != '\0') return std::nullopt;
+  return x;
+}
 
 // Takes option `a` (value `v`) when it is one of StateProfileArgs'; false when it is not.
 Result<bool> TakeStateProfileOption(const std::string& a, const std::string& v,
@@ -569,6 +585,12 @@ int StepMain(const std::vector<std::string>& args, bool short_defaults) {
         } else if (a == "--buffers") {
           ZO_ASSIGN_OR_RETURN(auto l, ParseIntList(a, v, 2, 1 << 20));
           o.buffers = l.front();
+        } else if (a == "--nvme-ratio") {
+          o.nvme_ratio = ParseNumber(v).value_or(0);
+          if (!(o.nvme_ratio > 0 && o.nvme_ratio <= 1)) {
+            return InvalidArgumentError(
+                StrCat("--nvme-ratio: '", v, "' is not a share in (0, 1] such as 0.25"));
+          }
         } else if (a == "--chunk") {
           if (!ParseByteSize(v, &o.chunk_elements) || o.chunk_elements % 256 != 0 ||
               o.chunk_elements == 0) {
@@ -583,6 +605,9 @@ int StepMain(const std::vector<std::string>& args, bool short_defaults) {
           ZO_ASSIGN_OR_RETURN(const Config config, LoadConfigFile(v));
           o.aio = config.aio;
           o.buffers = config.zero_optimization.offload_optimizer.buffer_count;
+          if (config.zero_optimization.offload_optimizer.device == OffloadDevice::kNvme) {
+            o.nvme_ratio = config.zero_optimization.offload_optimizer.ratio;
+          }
           o.state = config.zoffload.optimizer_state;
           if (config.zoffload.cpu_adam_threads > 0) o.threads = config.zoffload.cpu_adam_threads;
           SetCpuAdamCoreBinding(config.zoffload.cpu_adam_bind_cores);
@@ -614,6 +639,12 @@ int StepMain(const std::vector<std::string>& args, bool short_defaults) {
                 r->io_serial_seconds, r->read_gbps, r->write_gbps);
     std::printf("io_pass_seconds     %8.3f   (our pipeline moving the same bytes, no update)\n",
                 r->io_pass_seconds);
+    if (r->nvme_ratio < 1) {
+      std::printf(
+          "bound_seconds       %8.3f   (%.2f of the state on NVMe: the larger of the two bounds,"
+          " the host share's Adam under the disk's work)   ratio %.3f\n",
+          r->bound_seconds, r->nvme_ratio, r->bound_ratio);
+    }
   }
   if (!o.trace_path.empty()) std::printf("trace written to %s\n", o.trace_path.c_str());
   if (!json_path.empty()) {
@@ -682,9 +713,8 @@ int EngineMain(const std::vector<std::string>& args, bool short_defaults) {
                 StrCat("--overlap: '", v, "' is not none, backward or delayed"));
           }
         } else if (a == "--grad-ms") {
-          char* end = nullptr;
-          o.grad_ms = std::strtod(v.c_str(), &end);
-          if (end == v.c_str() || *end != '\0' || !(o.grad_ms >= 0) || o.grad_ms > 1e6) {
+          o.grad_ms = ParseNumber(v).value_or(-1);
+          if (!(o.grad_ms >= 0) || o.grad_ms > 1e6) {
             return InvalidArgumentError(StrCat("--grad-ms: '", v, "' is not milliseconds >= 0"));
           }
         } else {

@@ -432,16 +432,20 @@ Status OptimizerState::UpdateInHost(std::span<const TensorGrads> grads, const Ad
 
 Status OptimizerState::UpdateHostTensor(size_t i, const TensorGrads& grads, const AdamHyper& hyper,
                                         float grad_scale, ParamSink* sink, StepStats* stats) {
-  const StatePrecision p = options_.precision;
-  const uint64_t n = tensors_[i].n;
-  for (uint64_t first = 0; first < n; first += chunk_) {
-    const uint64_t moment = AdamMomentBytes(p, first);  // the chunk's image (see m_)
-    ZO_RETURN_IF_ERROR(UpdatePiece(i, grads, params_[i].as<float>() + first, m_[i].data() + moment,
-                                   v_[i].data() + moment, first, std::min(chunk_, n - first), hyper,
-                                   grad_scale, sink, tensors_[i].name, stats)
-                           .WithContext(StrCat("updating '", tensors_[i].name, "'")));
+  for (uint64_t first = 0; first < tensors_[i].n; first += chunk_) {
+    ZO_RETURN_IF_ERROR(UpdateHostChunk(i, first, grads, hyper, grad_scale, sink, stats));
   }
   return Status::Ok();
+}
+
+Status OptimizerState::UpdateHostChunk(size_t i, uint64_t first, const TensorGrads& grads,
+                                       const AdamHyper& hyper, float grad_scale, ParamSink* sink,
+                                       StepStats* stats) {
+  const uint64_t moment = AdamMomentBytes(options_.precision, first);  // its image (see m_)
+  return UpdatePiece(i, grads, params_[i].as<float>() + first, m_[i].data() + moment,
+                     v_[i].data() + moment, first, std::min(chunk_, tensors_[i].n - first), hyper,
+                     grad_scale, sink, tensors_[i].name, stats)
+      .WithContext(StrCat("updating '", tensors_[i].name, "'"));
 }
 
 Status OptimizerState::UpdateTensor(size_t t, const TensorGrads& grads, const AdamHyper& hyper,
@@ -472,7 +476,10 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
   Tracer* tracer = tracer_;
   const std::string& from = keys_[current_];    // read: the current copy
   const std::string& to = keys_[1 - current_];  // written, then current
-  bool host_updated = false;
+  // The chunks of the tensors in host memory, updated between the NVMe chunks (an even share
+  // before each one's read is waited for), so their CPU Adam runs while the disk works.
+  std::vector<std::pair<size_t, uint64_t>> host_chunks;  // tensor, first element
+  size_t host_done = 0;
   const size_t buffers = slots_.size();
   const PipelineOptions& po = options_.pipeline;
   const size_t lookahead = !po.overlap_read ? 0 : po.overlap_write ? buffers - 2 : buffers - 1;
@@ -530,23 +537,16 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     const auto t0 = Clock::now();
     const std::optional<float> scale = decide();
     step_span("gradient norm", t0);
-    // Nothing has been written yet: a skipped or failed step leaves the state as it was.
-    auto drain_reads = [&] {
-      for (auto& slot : slots_) {
-        slot->read.Wait().IgnoreError();
-      }
-    };
-    if (!scale) {  // overflow: the step is skipped
-      drain_reads();
+    if (!scale) {  // overflow: the step is skipped; nothing has been written
+      for (auto& slot : slots_) slot->read.Wait().IgnoreError();
       return Status::Ok();
     }
     grad_scale = *scale;
-    host_updated =
-        std::any_of(params_.begin(), params_.end(), [](const HostMemory& p) { return !p.empty(); });
-    if (Status s = UpdateInHost(grads, *hyper, grad_scale, sink, stats); !s.ok()) {
-      drain_reads();
-      if (host_updated) broken_ = s.WithContext("an earlier optimizer step failed midway");
-      return s.WithContext("optimizer step");
+    for (size_t t = 0; t < tensors_.size(); ++t) {
+      if (!in_host(t)) continue;
+      for (uint64_t first = 0; first < tensors_[t].n; first += chunk_) {
+        host_chunks.emplace_back(t, first);
+      }
     }
   }
   const auto begin_start = Clock::now();
@@ -554,6 +554,11 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
   step_span("manifest: mark writing", begin_start);
   for (size_t k = 0; k < items_.size() && status.ok(); ++k) {
     while (next < items_.size() && next <= k + lookahead && status.ok()) start_reads(next++);
+    const size_t host_due = (host_chunks.size() * (k + 1) + items_.size() - 1) / items_.size();
+    while (status.ok() && host_done < host_due) {
+      const auto [t, first] = host_chunks[host_done++];
+      status = UpdateHostChunk(t, first, grads[t], *hyper, grad_scale, sink, stats);
+    }
     Slot& slot = *slots_[k % buffers];
     wait(slot.read, k, "reading");
     const auto [offset, len] = ItemRange(k);
@@ -591,7 +596,7 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
   if (!status.ok()) {
     // The copy being written is void; the current one was only read.
     swap_->Invalidate(to).IgnoreError();
-    if (host_updated) {
+    if (host_done > 0) {
       broken_ = status.WithContext(
           "an earlier optimizer step failed midway, after updating the state kept in host "
           "memory; the state on NVMe is as before that step");

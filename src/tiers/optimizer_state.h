@@ -2,8 +2,9 @@
 // memory or on NVMe, and the optimizer step over it.
 //
 // Placement: with home nvme, `offload_ratio` of the elements live on NVMe; tensors holding the
-// rest (filled in order, whole tensors) stay in host memory and are updated while the first
-// NVMe chunks are being read. The steps below are those of the NVMe part.
+// rest (filled in order, whole tensors) stay in host memory and are updated chunk by chunk
+// between the NVMe chunks (an even share before each NVMe chunk's read is waited for), so
+// their CPU Adam runs while the disk works. The steps below are those of the NVMe part.
 //
 // The NVMe pipeline (one step):
 // 1. The gradients (host memory) are checked and normed (GradientNorm) while the first chunks
@@ -25,7 +26,7 @@
 //    that fails (read error, checksum mismatch, write error) waits for its requests, never
 //    commits, voids the copy it was writing and leaves the current one as it was: the state
 //    reads as before the step, and the step may be retried. (With tensors in host memory too,
-//    those were updated before the NVMe part failed: the object then refuses further steps.)
+//    once any of them was updated, the object refuses further steps.)
 //    On reopen, the newest committed copy is current: a process killed mid-step loses that
 //    step only; killed between steps, at most the last step (whose commit was deferred).
 // 5. Chunks are updated with AdamShard::index_offset set, so the result is bit-identical to
@@ -183,7 +184,7 @@ class OptimizerState {
   // Runs every item through the slots: read, update (when `hyper`), write back; commits.
   // `decide` (when set) runs once the first reads are in flight and gives the gradient scale,
   // or nothing to skip the step (nothing is written then); the tensors in host memory are
-  // updated right after it.
+  // updated between the NVMe chunks after it.
   Status Stream(std::span<const TensorGrads> grads, const AdamHyper* hyper, ParamSink* sink,
                 const std::function<std::optional<float>()>& decide, StepStats* stats);
   // CPU Adam over elements [first, first + n) of tensor `t`, whose state is at params, m, v;
@@ -198,6 +199,9 @@ class OptimizerState {
   // Tensor t (in host memory), chunk by chunk.
   Status UpdateHostTensor(size_t t, const TensorGrads& grads, const AdamHyper& hyper,
                           float grad_scale, ParamSink* sink, StepStats* stats);
+  // The chunk of tensor t (in host memory) that starts at element `first`.
+  Status UpdateHostChunk(size_t t, uint64_t first, const TensorGrads& grads, const AdamHyper& hyper,
+                         float grad_scale, ParamSink* sink, StepStats* stats);
 
   std::vector<OptimizerTensor> tensors_;
   OptimizerStateOptions options_;

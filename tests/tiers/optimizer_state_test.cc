@@ -227,6 +227,57 @@ INSTANTIATE_TEST_SUITE_P(
                       Variant{StateHome::kNvme, StatePrecision::kInt8, {3, true, true, 0}, 0.5}),
     Name);
 
+// The tensors in host memory are updated between the NVMe chunks, so their CPU Adam runs while
+// the disk works: the sink sees every chunk once, each tensor's in order, an even share of the
+// host chunks before each NVMe chunk. Once one of them is updated, a step whose NVMe part then
+// fails leaves the object refusing further steps (its host share is a step ahead).
+TEST(OptimizerStateTest, HostShareIsUpdatedBetweenTheNvmeChunks) {
+  struct Recorder final : ParamSink {
+    std::vector<std::pair<size_t, uint64_t>> ends;
+    std::vector<uint16_t> copy = std::vector<uint16_t>(kChunk);
+    Result<void*> Begin(size_t, uint64_t, uint64_t) override {
+      return static_cast<void*>(copy.data());
+    }
+    Status End(size_t t, uint64_t first, uint64_t, const float*) override {
+      ends.emplace_back(t, first);
+      return Status::Ok();
+    }
+  };
+  TempDir dir;
+  TestOptions o = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
+  o.state.offload_ratio = 0.5;  // layers 0-3 (5 chunks) in host memory, layer 4 (4) on NVMe
+  auto state = Make(Tensors(), o);
+  ASSERT_TRUE(state.ok()) << state.status();
+  Reference ref(StatePrecision::kFp32, 4);
+  for (size_t i = 0; i < kSizes.size(); ++i) {
+    EXPECT_EQ((*state)->in_host(i), i < 4) << i;
+    ASSERT_TRUE((*state)->Write(i, ref.params[i].data()).ok());
+  }
+  const auto grads = RandomGrads(5);
+  std::vector<TensorGrads> tg;
+  for (const auto& g : grads) tg.push_back({g.data(), DType::kBf16, nullptr, ParamCopy::kBf16});
+  Recorder sink;
+  auto step = (*state)->Step(tg, AdamHyper{}, 1.0f, 0.0f, &sink);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const std::vector<std::pair<size_t, uint64_t>> expected = {
+      {0, 0}, {1, 0},          {4, 0},      {2, 0},         {4, kChunk},
+      {3, 0}, {4, 2 * kChunk}, {3, kChunk}, {4, 3 * kChunk}};
+  EXPECT_EQ(sink.ends, expected);
+
+  state->reset();
+  o.runtime.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
+      std::vector<FaultRule>{{IoOp::kRead, FaultRule::Action::kFail, 0, -1, EIO}}));
+  state = Make(Tensors(), o);
+  ASSERT_TRUE(state.ok()) << state.status();
+  auto failed = (*state)->Step(tg, AdamHyper{}, 1.0f, 0.0f, &sink);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), StatusCode::kIoError) << failed.status();
+  auto refused = (*state)->Step(tg, AdamHyper{}, 1.0f, 0.0f, &sink);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("failed midway"), std::string::npos)
+      << refused.status();
+}
+
 TEST(OptimizerStateFaults, OverflowSkipsWithoutWriting) {
   TempDir dir;
   auto plan = std::make_shared<FaultPlan>(

@@ -32,10 +32,12 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   rec.params = o.params;
   rec.tensors = o.tensors;
   rec.state_on = o.state_on == StateHome::kNvme ? "nvme" : "host";
+  rec.nvme_ratio = o.state_on == StateHome::kNvme ? o.nvme_ratio : 0.0;
   rec.state = std::string(ToString(o.state));
   Scratch temp;
   OptimizerStateOptions so;
   so.home = o.state_on;
+  so.offload_ratio = o.nvme_ratio;
   so.precision = o.state;
   so.threads = o.threads;
   so.pipeline.buffers = o.buffers;
@@ -162,6 +164,8 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
                         ((rec.bytes_read + rec.bytes_written) /
                          (*std::max_element(mixed.begin(), mixed.end()) * 1e9));
     rec.io_pass_seconds = Median(io);
+    rec.bound_seconds = std::max(rec.io_bound_seconds, rec.adam_bound_seconds);
+    rec.bound_ratio = rec.step_seconds / rec.bound_seconds;
   }
   if (Tracer* tracer = context->impl().tracer()) ZO_RETURN_IF_ERROR(tracer->Write());
   return rec;

@@ -18,6 +18,9 @@ struct StepBenchOptions {
   uint64_t params = uint64_t{128} << 20;  ///< 128M params: 1.5 GiB of fp32 state
   int tensors = 16;                       ///< the params split into this many tensors
   StateHome state_on = StateHome::kNvme;
+  /// State on NVMe: the share of it there (OptimizerStateOptions::offload_ratio); whole
+  /// tensors make up the rest, in host memory.
+  double nvme_ratio = 1.0;
   std::vector<std::string> paths = {"."};
   StatePrecision state = StatePrecision::kFp32;
   DType grad_dtype = DType::kBf16;
@@ -51,7 +54,12 @@ struct StepRecord {
   /// The same ratio from the fastest step and the fastest disk pass: less sensitive to a
   /// disk (or a virtual one) that stalls now and then.
   double io_ratio_best = 0;
-  double adam_ratio = 0;    ///< step_seconds / adam_bound_seconds
+  double adam_ratio = 0;  ///< step_seconds / adam_bound_seconds
+  double nvme_ratio = 1;  ///< the share of the state on NVMe
+  /// State on NVMe: max(io_bound_seconds, adam_bound_seconds), the step with CPU Adam and the
+  /// disk fully overlapped (with a host share, its Adam under the NVMe share's I/O).
+  double bound_seconds = 0;
+  double bound_ratio = 0;   ///< step_seconds / bound_seconds
   uint64_t host_bytes = 0;  ///< host memory the state holds (state or pipeline slots)
   uint64_t chunk_elements = 0;
   int buffers = 0;
