@@ -324,6 +324,13 @@ TEST(ZoffloadBenchTest, ClearErrors) {
     EXPECT_EQ(r.exit_code, 2) << r.output;
     EXPECT_NE(r.output.find("--threads"), std::string::npos) << r.output;
   }
+  // A share on NVMe with the state in host memory was silently ignored.
+  for (const char* ratio : {"0", "1.5", "half"}) {
+    EXPECT_EQ(RunBench(std::string("step --nvme-ratio ") + ratio).exit_code, 2) << ratio;
+  }
+  testing::CommandResult host = RunBench("step --state-on host --nvme-ratio 0.5");
+  EXPECT_EQ(host.exit_code, 2) << host.output;
+  EXPECT_NE(host.output.find("needs --state-on nvme"), std::string::npos) << host.output;
 }
 
 // nvme --file EXISTING wrote over a user's file without a word: data loss.

@@ -28,6 +28,11 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
     return InvalidArgumentError(
         StrCat("step: ", o.params, " params cannot fill ", o.tensors, " tensors"));
   }
+  if (o.state_on == StateHome::kHost && o.nvme_ratio < 1) {
+    return InvalidArgumentError(StrCat("step: a share of ", o.nvme_ratio,
+                                       " on NVMe (--nvme-ratio, or the config's "
+                                       "offload_optimizer.ratio) needs --state-on nvme"));
+  }
   StepRecord rec;
   rec.params = o.params;
   rec.tensors = o.tensors;
