@@ -131,6 +131,14 @@ class OffloadEngine {
   /// returns. Each parameter takes one gradient per micro-batch.
   Status GradientReady(std::string_view name, const void* grad, uint64_t elements, DType dtype,
                        void* stream = nullptr);
+  /// Host mode: the engine's own (pinned, with a GPU present) memory for parameter `name`'s
+  /// gradient, where a caller may write it before GradientReady(name, that memory, ...), which
+  /// then takes it in place, with no copy: a D2H straight into it saves a pass over every
+  /// gradient on the host. Null where the engine cannot take a gradient in place: with a GPU
+  /// (the engine's own copies do it), gradient_accumulation_steps > 1 (sums), or overlap
+  /// "delayed" (the running update still reads the last gradient there). Write the buffer
+  /// only between Step and this parameter's GradientReady.
+  Result<void*> GradientBuffer(std::string_view name);
   /// The optimizer step; every parameter must have had gradient_accumulation_steps gradients.
   /// On an error the gradients are kept and the state is as before (see docs/engine.md for
   /// the one exception), so Step may be called again.

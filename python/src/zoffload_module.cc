@@ -271,8 +271,8 @@ class Engine {
       s.elements = array.size();
       for (size_t d = 0; d < array.ndim(); ++d) s.shape.push_back(array.shape(d));
       s.group = group;
+      elements_.emplace(name, std::make_pair(array.size(), s.dtype));
       specs.push_back(std::move(s));
-      elements_.emplace(name, array.size());
     }
     EngineOptions options;
     options.host_params = !cuda;
@@ -404,6 +404,16 @@ class Engine {
     Check(e.LoadState(name, static_cast<const float*>(master.data()), m.data(), v.data()));
   }
 
+  // The engine's own memory for a gradient (host mode), as bytes, or None; the array keeps
+  // this object alive, and must not be used after close().
+  nb::object GradientBuffer(const std::string& name) {
+    OffloadEngine& e = Live();
+    const uint64_t bytes = ElementsOf(name) * DTypeBytes(elements_.at(name).second);
+    void* buffer = Unwrap(e.GradientBuffer(name));
+    if (buffer == nullptr) return nb::none();
+    return nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(buffer, {bytes}, nb::find(this)));
+  }
+
   void set_steps(int64_t steps) { Check(Live().SetSteps(steps)); }
 
   void Close() {
@@ -424,7 +434,7 @@ class Engine {
   uint64_t ElementsOf(const std::string& name) const {
     auto it = elements_.find(name);
     if (it == elements_.end()) Fail(StatusCode::kNotFound, "engine: no parameter '" + name + "'");
-    return it->second;
+    return it->second.first;
   }
   OffloadEngine& Live() {
     if (engine_ == nullptr) Fail(StatusCode::kFailedPrecondition, "engine: closed");
@@ -433,7 +443,8 @@ class Engine {
 
   Config config_;
   bool cuda_ = false;
-  std::unordered_map<std::string, uint64_t> elements_;  // sizes the state buffers
+  // Sizes the state and gradient buffers.
+  std::unordered_map<std::string, std::pair<uint64_t, DType>> elements_;
   std::unique_ptr<OffloadEngine> engine_;
 };
 
@@ -616,6 +627,12 @@ void DefineModule(nb::module_& m) {
            "Hands over a parameter's gradient (its size, on its device), ordered after the work "
            "on `stream` (a cudaStream_t as int; 0: the default stream). The gradient may be "
            "freed once this returns.")
+      .def("gradient_buffer", &Engine::GradientBuffer, nb::arg("name"),
+           "Host mode: the engine's own memory for the parameter's gradient (uint8, pinned when "
+           "a GPU is present), or None where the engine cannot take a gradient in place (GPU "
+           "mode, gradient accumulation, overlap \"delayed\"). Write the gradient there between "
+           "step() and gradient_ready(name, that memory viewed as the gradient): the engine then "
+           "takes it without a copy. Not to be used after close().")
       .def("step", &Engine::Step,
            "The optimizer step; returns its statistics (phase times, bytes moved, grad norm, "
            "loss scale, skipped).")

@@ -195,6 +195,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 self._host_values = {}
         else:
             self._engine = _zoffload.Engine(self._config_json, spec, hypers)
+        # Host mode with a GPU: each gradient's D2H goes straight into the engine's own pinned
+        # memory for it, which takes it in place (no host copy of every gradient), where the
+        # engine can (not with accumulation or overlap "delayed").
+        self._grad_buffers: Dict[str, torch.Tensor] = {}
+        if self._engine is not None and self._host_grads and self._cuda:
+            for name, t in names:
+                buffer = self._engine.gradient_buffer(name)
+                if buffer is not None:
+                    self._grad_buffers[name] = torch.from_numpy(buffer).view(t.dtype).view(t.shape)
         self._partitioned = offload or (zero and zc["stage"] == 3)
         self._collective = world > 1  # every fetch a collective: no reuse
         if self._partitioned:
@@ -267,7 +276,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         return copies
 
     def _to_host(self, name: str, grad: torch.Tensor) -> None:
-        """The gradient to pinned host memory, then to the engine (host mode) or ZeRO. On a GPU
+        """The gradient to pinned host memory (the engine's own for it, where the engine takes
+        it in place), then to the engine (host mode) or ZeRO. On a GPU
         the copy is asynchronous and the gradient is handed over once it has landed (checked at
         each later gradient, waited for when more than _MAX_PENDING_BYTES are on their way, and
         in step()), so the host keeps the GPU fed meanwhile. (Under ZeRO the hand-overs are
@@ -275,7 +285,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if not grad.is_cuda:
             self._hand(name, grad.contiguous())
             return
-        host = torch.empty(grad.shape, dtype=grad.dtype, pin_memory=True)
+        host = self._grad_buffers.get(name)
+        if host is None:
+            host = torch.empty(grad.shape, dtype=grad.dtype, pin_memory=True)
         host.copy_(grad, non_blocking=True)
         landed = torch.cuda.Event()
         landed.record()
@@ -751,6 +763,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             h.remove()
         self._hooks, self._fetch_hooks = [], []
         self.flush()
+        self._grad_buffers = {}  # views of the engine's memory
         (self._zero or self._engine).close()
         if self._unregister is not None:
             self._unregister()

@@ -585,7 +585,9 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
   for (Impl::Param& p : e.params) {
     const std::string what = StrCat("the gradient of '", p.name, "'");
     if (e.accumulation == 1) {
-      ZO_ASSIGN_OR_RETURN(p.grads, e.rt->AllocateHost(p.bytes(), what, e.gpu));
+      // Pinned also in host mode with a GPU present: the caller's D2H may land there
+      // (GradientBuffer).
+      ZO_ASSIGN_OR_RETURN(p.grads, e.rt->AllocateHost(p.bytes(), what, e.rt->has_gpu()));
     } else {
       ZO_ASSIGN_OR_RETURN(p.grads, e.rt->AllocateHost(4 * p.n, StrCat(what, " (fp32 sum)"), false));
       if (e.gpu) {
@@ -690,7 +692,7 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
     // Delayed, accumulation > 1: the first micro-batch goes over the sum the update reads.
     if (e.overlap == Overlap::kDelayed && !add && !last && p->pending) e.AwaitConsumed(i);
     if (e.accumulation == 1) {
-      std::memcpy(p->grads.data(), grad, p->bytes());
+      if (grad != p->grads.data()) std::memcpy(p->grads.data(), grad, p->bytes());  // else in place
     } else {
       Accumulate(p->grads.as<float>(), grad, p->dtype, p->n, add);
     }
@@ -703,6 +705,13 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
   ++e.grads_in_window;
   if (Tracer* tracer = e.rt->tracer()) tracer->Record(kHandOverTrack, p->name, start, Clock::now());
   return Status::Ok();
+}
+
+Result<void*> OffloadEngine::GradientBuffer(std::string_view name) {
+  Impl& e = *impl_;
+  ZO_ASSIGN_OR_RETURN(Impl::Param * p, e.Find(name));
+  if (e.gpu || e.accumulation > 1 || e.overlap == Overlap::kDelayed) return nullptr;
+  return static_cast<void*>(p->grads.data());
 }
 
 Result<EngineStepStats> OffloadEngine::Step() {

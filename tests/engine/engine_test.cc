@@ -160,8 +160,13 @@ TEST_P(EngineTest, TrainingIsBitIdenticalToInMemoryAdam) {
     for (int micro = 0; micro < c.accumulation; ++micro) {
       last = Grads(1000 * step + micro);
       for (size_t i = kSizes.size(); i-- > 0;) {  // backward order
-        ASSERT_TRUE(
-            (*engine)->GradientReady(Name(i), last[i].data(), kSizes[i], DType::kBf16).ok());
+        // Without accumulation, written into the engine's own memory for it (taken in place).
+        auto buffer = (*engine)->GradientBuffer(Name(i));
+        ASSERT_TRUE(buffer.ok()) << buffer.status();
+        ASSERT_EQ(*buffer != nullptr, c.accumulation == 1);
+        const void* grad = last[i].data();
+        if (*buffer != nullptr) grad = std::memcpy(*buffer, grad, 2 * kSizes[i]);
+        ASSERT_TRUE((*engine)->GradientReady(Name(i), grad, kSizes[i], DType::kBf16).ok());
       }
       AddToSums(last, micro == 0, &sums);
     }
@@ -369,6 +374,7 @@ TEST(EngineTest, BadInputIsAClearErrorAndChangesNothing) {
   Status s = (*engine)->GradientReady("nope", grads[0].data(), 1, DType::kBf16);
   EXPECT_EQ(s.code(), StatusCode::kNotFound);
   EXPECT_NE(s.message().find("'nope'"), std::string::npos) << s;
+  EXPECT_EQ((*engine)->GradientBuffer("nope").status().code(), StatusCode::kNotFound);
   s = (*engine)->GradientReady(Name(2), grads[2].data(), 999, DType::kBf16);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("999"), std::string::npos) << s;
@@ -651,6 +657,13 @@ Run Train(const Config& config, bool gpu, const Resume* resume = nullptr) {
         const auto grads = Grads(1000 * step + micro);
         for (size_t i = kSizes.size(); i-- > 0;) {  // backward order
           const void* g = grads[i].data();
+          // Host mode: in the engine's own memory for it, where it takes the gradient in place.
+          auto buffer = (*engine)->GradientBuffer(Name(i));
+          EXPECT_TRUE(buffer.ok()) << buffer.status();
+          const bool in_place =
+              !gpu && accumulation == 1 && config.zoffload.overlap != Overlap::kDelayed;
+          EXPECT_EQ(buffer.ok() && *buffer != nullptr, in_place);
+          if (in_place && buffer.ok()) g = std::memcpy(*buffer, g, 2 * kSizes[i]);
 #if ZO_HAVE_CUDA
           if (gpu) {
             CUDA_EXPECT(cudaMemcpyAsync(grad, grads[i].data(), 2 * kSizes[i],

@@ -149,9 +149,23 @@ def test_parameters_equal_the_cpp_engine_on_the_same_gradients():
         [{"lr": 1e-2, "weight_decay": 0.05}],
     )
     for step in grads:
-        for n, g in step.items():
-            engine.gradient_ready(n, g.numpy())
+        for k, (n, g) in enumerate(step.items()):
+            buffer = engine.gradient_buffer(n)
+            assert buffer.dtype == np.uint8 and buffer.nbytes == g.numel() * 4, n
+            if k % 2 == 0:  # every other one written into the engine's memory, taken in place
+                in_place = buffer.view(np.float32).reshape(g.shape)
+                in_place[...] = g.numpy()
+                engine.gradient_ready(n, in_place)
+            else:
+                engine.gradient_ready(n, g.numpy())
         engine.step()
+    # Where the engine cannot take a gradient in place (the running update reads the last).
+    delayed = zoffload.Engine(zoffload.load_config(config(zoffload={"overlap": "delayed"})),
+                              [(n, a.copy(), 0) for n, a in arrays.items()], [{}])
+    assert delayed.gradient_buffer("embed.weight") is None
+    with pytest.raises(zoffload.NotFound):
+        delayed.gradient_buffer("nope")
+    delayed.close()
     for n, p in model.named_parameters():
         np.testing.assert_array_equal(p.detach().numpy(), arrays[n], err_msg=n)
         master, m, v = engine.read_state(n)
