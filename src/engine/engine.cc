@@ -56,6 +56,54 @@ double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// A thread that handles items one at a time, in the order they were pushed (through a
+// lock-free queue: pushing never blocks). Stop lets it finish what is queued.
+template <typename T>
+class Lane {
+ public:
+  ~Lane() { Stop(); }
+  template <typename F>
+  void Start(F handle) {
+    thread_ = std::thread([this, handle = std::move(handle)] {
+      while (true) {
+        queued_.acquire();
+        T item;
+        if (!queue_.pop(item)) {
+          if (stopping_) return;
+          continue;
+        }
+        handle(item);
+        handled_.fetch_add(1);
+        handled_.notify_all();
+      }
+    });
+  }
+  bool running() const { return thread_.joinable(); }
+  void Push(const T& item) {
+    queue_.push(item);
+    queued_.release();
+  }
+  // Blocks until `count` items have been handled since the start.
+  void AwaitHandled(uint64_t count) {
+    for (uint64_t done = handled_.load(); done < count; done = handled_.load()) {
+      handled_.wait(done);
+    }
+  }
+  void Stop() {
+    if (!thread_.joinable()) return;
+    stopping_ = true;
+    queued_.release();
+    thread_.join();
+  }
+
+ private:
+  boost::lockfree::queue<T> queue_{64};
+  std::counting_semaphore<> queued_{0};
+  std::atomic<uint64_t> handled_{0};
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
 }  // namespace
 
 ParamGroup ParamGroup::FromConfig(const OptimizerConfig& optimizer) {
@@ -109,28 +157,27 @@ struct OffloadEngine::Impl : public ParamSink {
   uint64_t last_to_host = 0, last_to_gpu = 0;
   double last_upload_wait = 0;
 #endif
-  // The worker thread, when there is work for it: items come through a lock-free queue from
-  // this thread (a gradient piece as its D2H is enqueued: the worker waits for it to land) and
-  // are handled in order:
+  // The worker thread, when there is work for it: items come from this thread (a gradient
+  // piece as its D2H is enqueued: the worker waits for it to land) and are handled in order:
   // - a landed gradient piece (GPU, accumulation > 1): added into the fp32 sums;
-  // - once a parameter's last gradient of the window is all on the host: its norm part
-  //   (overlap "none" on the GPU, with a few threads while backward runs, so that Step has no
-  //   norm pass left), or its norm part and CPU update (overlap "backward"; the upload of each
-  //   chunk follows at once);
+  // - once a parameter's last gradient of the window is all on the host: its norm part, with a
+  //   few threads while backward runs (overlap "none" on the GPU, so that Step has no norm
+  //   pass left; overlap "backward", which then hands the parameter to the updater);
   // - overlap "delayed": the step's whole update (kRunUpdate). Its norm is made on the GPU
   //   as the gradients go down (accumulation 1), as the CPU is busy with the update before.
   using Item = internal::DevicePath::Piece;
   static constexpr uint32_t kRunUpdate = UINT32_MAX;
-  boost::lockfree::queue<Item> queue{64};
-  std::counting_semaphore<> queued{0};
-  std::atomic<uint64_t> handled{0};  // items the worker has finished
-  uint64_t posted = 0;               // items this thread queued (pieces are counted apart)
-  bool pieces_to_worker = false;     // every landed piece goes to the worker
-  bool norm_on_landing = false;      // overlap "none" on the GPU: squares as gradients land
-  int landing_threads = 1;           // for those
-  bool gpu_norm = false;             // overlap "delayed" on the GPU, accumulation 1
-  std::atomic<bool> stopping{false};
-  std::thread worker;
+  Lane<Item> worker;
+  uint64_t posted = 0;            // items this thread queued (pieces are counted apart)
+  bool pieces_to_worker = false;  // every landed piece goes to the worker
+  bool norm_on_landing = false;   // overlap "none" on the GPU: squares as gradients land
+  int landing_threads = 1;        // for those, and for overlap "backward"'s
+  bool gpu_norm = false;          // overlap "delayed" on the GPU, accumulation 1
+  // Overlap "backward": the updater thread takes each parameter once the worker has checked
+  // its gradient (its norm part, inf/NaN before anything is written), in that order, and
+  // updates it (the upload of each chunk follows at once), while the worker checks the next.
+  Lane<size_t> updater;
+  uint64_t to_updater = 0;  // parameters the worker sent it (read after AwaitWorker)
   // Per window (the gradients between two Steps), overlap "backward" (and `squares` with
   // norm_on_landing): fixed at its first gradient, then the worker's (read after AwaitWorker).
   AdamHyper window_base;
@@ -141,7 +188,7 @@ struct OffloadEngine::Impl : public ParamSink {
   // added into its sum this window (the next micro-batch lands where the last one did).
   std::unique_ptr<std::atomic<uint64_t>[]> summed;
   std::vector<size_t> nonfinite;  // parameters whose gradient had inf/NaN
-  Status worker_status;           // the worker's first error
+  Status worker_status;           // the updater's first error (overlap "backward")
   StepStats window_stats;         // CPU Adam time
   // Overlap "delayed": the update launched at a Step runs on the worker during the next
   // window; each parameter's next gradient waits until the update has read this one.
@@ -160,13 +207,11 @@ struct OffloadEngine::Impl : public ParamSink {
   StepStats job_stats;
 
   ~Impl() override {
-    // The worker first (it finishes what is queued, waiting for each piece to land; an
-    // overlap "backward" update uploads through the device path), then the device path.
-    if (worker.joinable()) {
-      stopping = true;
-      queued.release();
-      worker.join();
-    }
+    // The worker first (it finishes what is queued, waiting for each piece to land), then the
+    // updater (what the worker sent it: its updates upload through the device path), then
+    // the device path.
+    worker.Stop();
+    updater.Stop();
 #if ZO_HAVE_CUDA
     device.reset();
 #endif
@@ -188,23 +233,8 @@ struct OffloadEngine::Impl : public ParamSink {
   }
 
   void Post(Item item) {
-    queue.push(item);
-    queued.release();
+    worker.Push(item);
     ++posted;
-  }
-
-  void Work() {
-    while (true) {
-      queued.acquire();
-      Item item;
-      if (!queue.pop(item)) {
-        if (stopping) return;
-        continue;
-      }
-      Handle(item);
-      handled.fetch_add(1);
-      handled.notify_all();
-    }
   }
 
   void Handle(const Item& item) {
@@ -233,29 +263,26 @@ struct OffloadEngine::Impl : public ParamSink {
       landed_bytes[i] += item.bytes;
       if (landed_bytes[i] == p.bytes()) {
         const auto start = Clock::now();
+        squares[i] = SquaresOf(i, landing_threads);
+        if (Tracer* tracer = rt->tracer()) tracer->Record(kNormTrack, p.name, start, Clock::now());
         if (overlap == Overlap::kBackward) {
-          UpdateOne(i);
-        } else {
-          squares[i] = SquaresOf(i, landing_threads);
-        }
-        if (Tracer* tracer = rt->tracer()) {
-          tracer->Record(overlap == Overlap::kBackward ? kWorkerTrack : kNormTrack, p.name, start,
-                         Clock::now());
+          updater.Push(i);
+          ++to_updater;
         }
       }
     }
   }
 
-  // Blocks until the worker has handled every item sent so far.
+  // Blocks until the worker has handled every item sent so far, and the updater every
+  // parameter the worker sent it.
   void AwaitWorker() {
-    if (!worker.joinable()) return;
+    if (!worker.running()) return;
     uint64_t target = posted;
 #if ZO_HAVE_CUDA
     if (pieces_to_worker) target += device->pieces();
 #endif
-    for (uint64_t done = handled.load(); done < target; done = handled.load()) {
-      handled.wait(done);
-    }
+    worker.AwaitHandled(target);
+    if (updater.running()) updater.AwaitHandled(to_updater);
   }
 
   TensorGrads GradsOf(size_t i, const AdamHyper* hyper) {
@@ -274,16 +301,19 @@ struct OffloadEngine::Impl : public ParamSink {
     return GradientSquares(shard, threads);
   }
 
-  // Overlap "backward", on the worker: parameter i's norm part and update.
+  // Overlap "backward", on the updater: parameter i's update, once its gradient is checked.
   void UpdateOne(size_t i) {
-    const TensorGrads g = GradsOf(i, &window_hypers[params[i].group]);
-    squares[i] = SquaresOf(i, config.zoffload.cpu_adam_threads);
     if (!squares[i].finite) {
       nonfinite.push_back(i);
       return;
     }
+    const auto start = Clock::now();
     if (worker_status.ok()) {
+      const TensorGrads g = GradsOf(i, &window_hypers[params[i].group]);
       worker_status = state->UpdateTensor(i, g, window_base, this, &window_stats);
+    }
+    if (Tracer* tracer = rt->tracer()) {
+      tracer->Record(kWorkerTrack, params[i].name, start, Clock::now());
     }
   }
 
@@ -626,10 +656,7 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
         e.total * widest);
     internal::DevicePath::Landed landed;
     if (e.pieces_to_worker) {
-      landed = [&e](internal::DevicePath::Piece piece) {
-        e.queue.push(piece);
-        e.queued.release();
-      };
+      landed = [&e](internal::DevicePath::Piece piece) { e.worker.Push(piece); };
     }
     ZO_ASSIGN_OR_RETURN(e.device, internal::DevicePath::Create(
                                       *e.rt, bucket, e.options.staging_slots,
@@ -637,7 +664,8 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
   }
 #endif
   if (e.pieces_to_worker || e.overlap != Overlap::kNone) {
-    e.worker = std::thread([&e] { e.Work(); });
+    e.worker.Start([&e](const Impl::Item& item) { e.Handle(item); });
+    if (e.overlap == Overlap::kBackward) e.updater.Start([&e](size_t i) { e.UpdateOne(i); });
   }
   ZO_RETURN_IF_ERROR(e.Initialize());
   for (Impl::Param& p : e.params) p.initial = nullptr;
