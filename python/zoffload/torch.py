@@ -171,6 +171,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._persistent: Dict[str, torch.Tensor] = {}  # stage 3: the ones kept on the device
         self._pending: List[Tuple[str, torch.Tensor, Any]] = []  # gradients on their way
         self._pending_bytes = 0
+        self._downs: Optional[Any] = None  # the gradients' copies to the host (a CUDA stream)
         self._unregister: Optional[Any] = None  # releases the page-locked block, if any
         if self._host_grads and zero and zc["stage"] == 3:
             # Read once, at creation, into the partitions: plain copies, dropped after.
@@ -288,9 +289,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
         host = self._grad_buffers.get(name)
         if host is None:
             host = torch.empty(grad.shape, dtype=grad.dtype, pin_memory=True)
-        host.copy_(grad, non_blocking=True)
-        landed = torch.cuda.Event()
-        landed.record()
+        # On a stream of its own, after the work that made the gradient, so that backward's
+        # kernels need not queue behind the copy (the gradient's memory waits for it).
+        if self._downs is None:
+            self._downs = torch.cuda.Stream(grad.device)
+        self._downs.wait_stream(torch.cuda.current_stream(grad.device))
+        with torch.cuda.stream(self._downs):
+            host.copy_(grad, non_blocking=True)
+            landed = torch.cuda.Event()
+            landed.record()
+        grad.record_stream(self._downs)
         self._pending.append((name, host, landed))
         self._pending_bytes += host.numel() * host.element_size()
         self._hand_over(wait=self._pending_bytes > _MAX_PENDING_BYTES)
