@@ -85,6 +85,9 @@ def test_parameter_offload_on_cuda_trains_as_the_resident_engine():
     # One registered block of the exact size, page-locked (fast, asynchronous copies).
     assert opt_o._unregister is not None
     assert all(v.is_pinned() for v in opt_o._host_values.values())
+    # Each gradient's copy lands in the engine's own page-locked memory, taken in place.
+    assert opt_o._grad_buffers.keys() == opt_o._host_values.keys()
+    assert all(b.is_pinned() for b in opt_o._grad_buffers.values())
     fetches = []
     for (tokens,) in data:
         losses = []
