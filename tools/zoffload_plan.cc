@@ -265,6 +265,7 @@ int Main(int argc, char** argv) {
     w.max_in_cpu = static_cast<uint64_t>(zero.offload_param.max_in_cpu);
     w.prefetch_elements = static_cast<uint64_t>(zero.stage3_prefetch_bucket_size);
     w.live_elements = static_cast<uint64_t>(zero.stage3_max_live_parameters);
+    w.reuse_distance = static_cast<uint64_t>(zero.stage3_max_reuse_distance);
     const auto& oo = config->zero_optimization.offload_optimizer;
     if (oo.device != OffloadDevice::kCpu && oo.device != OffloadDevice::kNvme) {
       return Fail(StrCat(config_path,

@@ -112,6 +112,26 @@ TEST(PlanTest, StageAndWorldMemoryByHand) {
   // One rank: the window and up to 300 parameters kept for reuse (600 bytes).
   w.world = 1;
   EXPECT_EQ(EstimateRun(m, w, fp32, {}).gpu_params, 200u + 600u);
+  // A Llama shape: what is kept at the turn from forward to backward. Vocab 10, hidden 4,
+  // intermediate 8, 5 layers: the output layer 40 parameters, a layer 2*16 + 2*16 + 3*32 + 8 =
+  // 168. Reuse distance 600: the last layer waits 2*40 + 168 = 248 (kept), the one before it
+  // 2*40 + (3 + 1)*168 = 752 (not): 40 + 168 kept (416 bytes) beside the window, the output
+  // layer (80 bytes).
+  ModelShape llama{"small", 10, 4, 8, 5, 1, 1};
+  CountLlama(llama);
+  Workload one;
+  one.stage = 3;
+  one.offload_param = true;
+  one.prefetch_elements = 0;
+  one.reuse_distance = 600;
+  EXPECT_EQ(EstimateRun(llama, one, fp32, {}).gpu_params, 80u + 416u);
+  // Without checkpointing a later layer is used twice: 2*40 + (2 + 1)*168 = 584 keeps a second
+  // layer, 2*40 + 5*168 = 920 not a third.
+  one.checkpointing = false;
+  EXPECT_EQ(EstimateRun(llama, one, fp32, {}).gpu_params, 80u + 2u * (40 + 2 * 168));
+  // stage3_max_live_parameters 100: the output layer only.
+  one.live_elements = 100;
+  EXPECT_EQ(EstimateRun(llama, one, fp32, {}).gpu_params, 80u + 80u);
   // One rank at stage 3 without offload_param: nothing to gather, as stage 2.
   w = Workload{};
   w.stage = 3;

@@ -33,19 +33,42 @@ std::optional<StatePrecision> PrecisionNamed(const std::string& name) {
   return std::nullopt;
 }
 
+// Stage 3 + offload_param in one process: the parameters kept for reuse at the turn from
+// forward to backward, where the most are kept. zoffload.torch keeps a module's parameters
+// between two uses with at most stage3_max_reuse_distance elements fetched in between, up to
+// stage3_max_live_parameters at once: the output layer (its forward is followed at once by its
+// backward) and the last layers, where layer j from the end waits for the output layer's two
+// uses, about one layer of its own modules, and the j later layers' forward, recomputation and
+// backward (forward and backward without checkpointing). Without a shape: the bound.
+uint64_t KeptAtTurn(const ModelShape& m, const Workload& w) {
+  const uint64_t layer = m.layer();
+  if (layer == 0) return std::min(w.live_elements, m.params);
+  const uint64_t output = m.vocab * m.hidden;
+  const uint64_t uses = w.checkpointing ? 3 : 2;
+  uint64_t kept = std::min(output, w.live_elements);
+  for (uint64_t j = 0; j < m.layers; ++j) {
+    if (2 * output + (uses * j + 1) * layer > w.reuse_distance || kept + layer > w.live_elements)
+      break;
+    kept += layer;
+  }
+  return kept;
+}
+
 }  // namespace
 
 void CountLlama(ModelShape& m) {
-  const uint64_t kv = m.heads > 0 ? m.hidden * m.kv_heads / m.heads : m.hidden;
-  const uint64_t layer =
-      2 * m.hidden * m.hidden + 2 * m.hidden * kv + 3 * m.hidden * m.intermediate + 2 * m.hidden;
-  m.params = m.vocab * m.hidden * (m.tied ? 1 : 2) + m.layers * layer + m.hidden;
+  m.params = m.vocab * m.hidden * (m.tied ? 1 : 2) + m.layers * m.layer() + m.hidden;
   // q, k, v, o, gate, up, down and two norms per layer; the embeddings and the final norm.
   m.tensors = 9 * m.layers + (m.tied ? 2 : 3);
 }
 
 uint64_t ModelShape::largest_module() const {
   return std::max(vocab * hidden, hidden * intermediate);
+}
+
+uint64_t ModelShape::layer() const {
+  const uint64_t kv = heads > 0 ? hidden * kv_heads / heads : hidden;
+  return 2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * intermediate + 2 * hidden;
 }
 
 ModelShape ModelOfParams(uint64_t params) {
@@ -113,7 +136,7 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   if (stage3) {
     const uint64_t window =
         n > 1 || w.offload_param ? 2 * std::min(m.largest_module() + w.prefetch_elements, p) : 0;
-    const uint64_t kept = n == 1 && w.offload_param ? 2 * std::min(w.live_elements, p) : 0;
+    const uint64_t kept = n == 1 && w.offload_param ? 2 * KeptAtTurn(m, w) : 0;
     e.gpu_params = (w.offload_param ? 0 : (2 * p + n - 1) / n) + window + kept;
   } else {
     e.gpu_params = 2 * p;

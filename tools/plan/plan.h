@@ -6,8 +6,8 @@
 // - GPU: the bf16 parameters (2P; ZeRO stage 3: the rank's partition 2P/N, none with
 //   offload_param, plus the fetched window when N > 1 or offload_param: the largest module's
 //   parameters and stage3_prefetch_bucket_size more, 2 bytes each; with offload_param on one
-//   rank also the parameters kept for reuse, up to stage3_max_live_parameters (the bound: a
-//   10B Llama keeps nearly 1e9 elements at the end of its forward)), zoffload's gradient ring
+//   rank also the parameters kept for reuse where the most are kept, at the turn from forward
+//   to backward (KeptAtTurn), at most stage3_max_live_parameters), zoffload's gradient ring
 //   (one rank, parameters resident: two buckets of reduce_bucket_size elements, 2 bytes each,
 //   capped at 2P; across ranks and with offload_param the gradients go straight to pinned host
 //   memory instead), and the activations: with
@@ -88,6 +88,8 @@ struct ModelShape {
   /// The parameters of the largest module (a Llama shape: the embedding or the output layer,
   /// else an MLP projection); 0: unknown.
   uint64_t largest_module() const;
+  /// The parameters of one decoder layer (0: unknown).
+  uint64_t layer() const;
 };
 
 /// A named shape ("llama-7b", "llama-13b", "llama-70b", "llama3-8b"), a HuggingFace
@@ -113,6 +115,8 @@ struct Workload {
   uint64_t prefetch_elements = 50'000'000;  ///< stage 3: stage3_prefetch_bucket_size
   /// stage 3 + offload_param, one rank: stage3_max_live_parameters, the most kept for reuse
   uint64_t live_elements = 1'000'000'000;
+  /// and stage3_max_reuse_distance: the fetches between two uses that still keep a module's
+  uint64_t reuse_distance = 1'000'000'000;
 };
 
 struct Candidate {
