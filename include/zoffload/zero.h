@@ -88,6 +88,12 @@ class ZeroOptimizer {
   /// This micro-batch's gradient of parameter `name` (host memory, its dtype); the memory may
   /// be reused when this returns.
   Status GradientReady(std::string_view name, const void* grad, uint64_t elements, DType dtype);
+  /// One rank, one micro-batch (stages 2-3): the optimizer's own memory for parameter `name`'s
+  /// gradient (page-locked when a GPU is present), where a caller may write it before
+  /// GradientReady(name, that memory, ...), which then takes it in place, with no copy; null
+  /// where it cannot (several ranks or micro-batches, stage 1, a parameter split by padding).
+  /// Write it only between Step and this parameter's GradientReady.
+  Result<void*> GradientBuffer(std::string_view name);
   /// The optimizer step at the accumulation boundary.
   Result<EngineStepStats> Step();
   /// Parameter `name`'s current values (its dtype) into `out`, host memory (collective).

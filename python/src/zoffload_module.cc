@@ -252,6 +252,13 @@ Config ParseConfigText(const std::string& json) {
   return Unwrap(ParseConfig(json, options), /*from_config=*/true);
 }
 
+// `bytes` of an optimizer's own memory at `buffer` as a uint8 array that keeps `owner` (the
+// Python object holding the optimizer) alive, or None for null.
+nb::object BytesOf(void* buffer, uint64_t bytes, nb::handle owner) {
+  if (buffer == nullptr) return nb::none();
+  return nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(buffer, {bytes}, owner));
+}
+
 class Engine {
  public:
   // params: (name, array, group index) each; groups: torch-style dicts.
@@ -409,9 +416,7 @@ class Engine {
   nb::object GradientBuffer(const std::string& name) {
     OffloadEngine& e = Live();
     const uint64_t bytes = ElementsOf(name) * DTypeBytes(elements_.at(name).second);
-    void* buffer = Unwrap(e.GradientBuffer(name));
-    if (buffer == nullptr) return nb::none();
-    return nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(buffer, {bytes}, nb::find(this)));
+    return BytesOf(Unwrap(e.GradientBuffer(name)), bytes, nb::find(this));
   }
 
   void set_steps(int64_t steps) { Check(Live().SetSteps(steps)); }
@@ -489,6 +494,13 @@ class Zero {
     me.device = device;
     nb::gil_scoped_release release;
     zero_ = Unwrap(ZeroOptimizer::Create(config, std::move(specs), me, std::move(options)));
+  }
+
+  // As Engine.GradientBuffer.
+  nb::object GradientBuffer(const std::string& name) {
+    ZeroOptimizer& z = Live();
+    const auto [n, dtype] = Lookup(name);
+    return BytesOf(Unwrap(z.GradientBuffer(name)), n * DTypeBytes(dtype), nb::find(this));
   }
 
   void GradientReady(const std::string& name, const AnyArray& grad) {
@@ -692,6 +704,10 @@ void DefineModule(nb::module_& m) {
            "not arrive within timeout_seconds makes "
            "the others fail, naming it. nccl_id (new_nccl_id on one rank, the same on all): the "
            "collectives run over NCCL on CUDA device `device` instead of shared memory.")
+      .def("gradient_buffer", &Zero::GradientBuffer, nb::arg("name"),
+           "One rank, one micro-batch, stages 2-3: the optimizer's own memory for the "
+           "parameter's gradient (uint8, pinned when a GPU is present), or None; as "
+           "Engine.gradient_buffer.")
       .def("gradient_ready", &Zero::GradientReady, nb::arg("name"), nb::arg("grad"),
            "This micro-batch's gradient of a parameter (collective at stages 2-3: buckets are "
            "reduce-scattered as they fill).")

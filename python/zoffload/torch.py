@@ -196,13 +196,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 self._host_values = {}
         else:
             self._engine = _zoffload.Engine(self._config_json, spec, hypers)
-        # Host mode with a GPU: each gradient's D2H goes straight into the engine's own pinned
-        # memory for it, which takes it in place (no host copy of every gradient), where the
-        # engine can (not with accumulation or overlap "delayed").
+        # Gradients through host memory from a GPU: each one's D2H goes straight into the
+        # optimizer's own pinned memory for it, which takes it in place (no host copy of every
+        # gradient), where it can (the engine: not with accumulation or overlap "delayed";
+        # ZeRO: one rank, one micro-batch).
         self._grad_buffers: Dict[str, torch.Tensor] = {}
-        if self._engine is not None and self._host_grads and self._cuda:
+        if self._host_grads and self._cuda:
             for name, t in names:
-                buffer = self._engine.gradient_buffer(name)
+                buffer = (self._zero or self._engine).gradient_buffer(name)
                 if buffer is not None:
                     self._grad_buffers[name] = torch.from_numpy(buffer).view(t.dtype).view(t.shape)
         self._partitioned = offload or (zero and zc["stage"] == 3)

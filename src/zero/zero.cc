@@ -171,6 +171,9 @@ Status ZeroOptimizer::GradientReady(std::string_view name, const void* grad, uin
                                     DType dtype) {
   return impl_->zero->GradientReady(name, grad, elements, dtype);
 }
+Result<void*> ZeroOptimizer::GradientBuffer(std::string_view name) {
+  return impl_->zero->GradientBuffer(name);
+}
 Result<EngineStepStats> ZeroOptimizer::Step() { return impl_->zero->Step(); }
 Status ZeroOptimizer::GatherParameter(std::string_view name, void* out) {
   return impl_->zero->GatherParameter(name, out);

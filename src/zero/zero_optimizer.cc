@@ -197,8 +197,10 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
       (z->dtype_ == DType::kFp32 || z->dtype_ == DType::kBf16)) {
     z->grad_dtype_ = z->dtype_;
   }
+  // Page-locked where a caller's D2H may land in it (GradientBuffer).
   ZO_ASSIGN_OR_RETURN(z->grads_, z->rt_->AllocateHost(DTypeBytes(z->grad_dtype_) * part,
-                                                      "ZeRO: the partition's gradients", false));
+                                                      "ZeRO: the partition's gradients",
+                                                      z->GradientsAsGiven() && z->rt_->has_gpu()));
   std::memset(z->grads_.data(), 0, z->grads_.size());
   if (z->stage_ == 3 && zc.offload_param.device == OffloadDevice::kNvme) {
     // The cache holds a piece while it is gathered or updated: the largest must fit.
@@ -300,6 +302,10 @@ Status ZeroOptimizer::GradientReady(std::string_view name, const void* grad, uin
   const int micro = p->received;
   const auto* bytes = static_cast<const std::byte*>(grad);
   const uint64_t element = bytes_per_element();
+  if (bytes == InPlace(*p)) {  // written where it goes (GradientBuffer)
+    ++p->received;
+    return Status::Ok();
+  }
   for (const auto& [b, s] : p->places) {
     const std::byte* from = bytes + s.first * element;
     if (stage_ == 1) {
@@ -312,7 +318,7 @@ Status ZeroOptimizer::GradientReady(std::string_view name, const void* grad, uin
       // directly (the bits of the bucket and its reduce-scatter, without them); with one
       // micro-batch, as given.
       const uint64_t at = bucket_offset_[b] + s.offset;
-      if (accumulation_ == 1 && grad_dtype_ == dtype_) {
+      if (GradientsAsGiven()) {
         std::memcpy(grads_.data() + at * element, from, s.n * element);
       } else {
         Accumulate(grads_.as<float>() + at, from, dtype_, s.n, micro > 0);
@@ -340,6 +346,23 @@ Status ZeroOptimizer::GradientReady(std::string_view name, const void* grad, uin
   }
   ++p->received;
   return Status::Ok();
+}
+
+Result<void*> ZeroOptimizer::GradientBuffer(std::string_view name) {
+  ZO_ASSIGN_OR_RETURN(Param * p, Find(name, "GradientBuffer"));
+  return static_cast<void*>(InPlace(*p));
+}
+
+std::byte* ZeroOptimizer::InPlace(const Param& p) {
+  if (!GradientsAsGiven() || p.places.empty()) return nullptr;
+  // The parameter's spans must follow each other in the partition (padding splits them).
+  const uint64_t first = bucket_offset_[p.places.front().first] + p.places.front().second.offset;
+  uint64_t next = first;
+  for (const auto& [b, s] : p.places) {
+    if (bucket_offset_[b] + s.offset != next) return nullptr;
+    next += s.n;
+  }
+  return grads_.data() + first * bytes_per_element();
 }
 
 Status ZeroOptimizer::GatherBucket(size_t b, std::byte* out) {

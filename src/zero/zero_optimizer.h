@@ -79,6 +79,7 @@ class ZeroOptimizer {
 
   // Stages 2 and 3 reduce-scatter a bucket here when its last gradient arrives.
   Status GradientReady(std::string_view name, const void* grad, uint64_t elements, DType dtype);
+  Result<void*> GradientBuffer(std::string_view name);
   Result<EngineStepStats> Step();
   Status GatherParameter(std::string_view name, void* out);
   Status GatherMaster(std::string_view name, float* out);
@@ -113,6 +114,13 @@ class ZeroOptimizer {
   };
   ZeroOptimizer(const Config& config, Communicator& comm) : config_(config), comm_(comm) {}
   Result<Param*> Find(std::string_view name, std::string_view call);
+  // One rank, one micro-batch, stages 2-3: the partition's gradients are the given ones, in
+  // their dtype (no sums).
+  bool GradientsAsGiven() const {
+    return comm_.world() == 1 && accumulation_ == 1 && stage_ >= 2 && grad_dtype_ == dtype_;
+  }
+  // Where parameter p's gradient can be written in place (GradientBuffer), or null.
+  std::byte* InPlace(const Param& p);
   uint64_t bytes_per_element() const;
   // GatherParameter's work, untimed.
   Status GatherPieces(Param* p, void* out);

@@ -173,6 +173,23 @@ def test_parameters_equal_the_cpp_engine_on_the_same_gradients():
         assert m.dtype == np.float32 and v.dtype == np.float32 and np.all(v >= 0)
 
 
+def test_one_rank_zero_offers_its_gradient_memory(tmp_path):
+    """offload_param "nvme" in one process runs ZeRO at world size 1, whose gradients are kept
+    as given: its own memory for each (None where bucket padding splits one)."""
+    model = make_model()
+    opt = zt.OffloadOptimizer(
+        model.named_parameters(), lr=1e-2, model=model,
+        config=config(zero_optimization={"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                         "offload_param": {"device": "nvme",
+                                                           "nvme_path": str(tmp_path)}}))
+    offered = {n: opt._zero.gradient_buffer(n) for n, _ in model.named_parameters()}
+    assert any(b is not None for b in offered.values())
+    for n, p in model.named_parameters():
+        if offered[n] is not None:
+            assert offered[n].dtype == np.uint8 and offered[n].nbytes == p.numel() * 4, n
+    opt.close()
+
+
 def test_auto_values_are_filled_or_named():
     cfg = config(optimizer={"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
                  gradient_clipping="auto")

@@ -297,6 +297,7 @@ int Train(const RankRun& run, int rank) {
   }
   Mlp model{dtype, std::vector<std::vector<float>>(4)};
   Record record;
+  int in_place = 0;  // gradients written into the optimizer's memory
   for (int step = run.first_step; step < run.first_step + run.steps; ++step) {
     for (int a = 0; a < accumulation; ++a) {
       for (int t = 0; t < 4; ++t) {
@@ -312,7 +313,19 @@ int Train(const RankRun& run, int rank) {
       std::vector<std::vector<std::byte>> grads;
       record.losses.push_back(model.Backward(step, rank * accumulation + a, &grads));
       for (int t = 3; t >= 0; --t) {  // backward order
-        const Status s = z.GradientReady(kNames[t], grads[t].data(), kSizes[t], dtype);
+        // Where the optimizer offers its own memory (one rank, one micro-batch, stages 2-3),
+        // the gradient is written there and taken in place.
+        auto buffer = z.GradientBuffer(kNames[t]);
+        if (!buffer.ok()) return fail(24, buffer.status());
+        const void* grad = grads[t].data();
+        if (*buffer != nullptr) {
+          if (run.world > 1 || accumulation > 1 || stage == 1) {
+            return fail(25, FailedPreconditionError("a gradient buffer where sums are needed"));
+          }
+          grad = std::memcpy(*buffer, grad, grads[t].size());
+          ++in_place;
+        }
+        const Status s = z.GradientReady(kNames[t], grad, kSizes[t], dtype);
         if (!s.ok()) return fail(14, s);
         if (step == run.die_at_step && rank == run.world - 1) ::_exit(0);
       }
@@ -321,6 +334,9 @@ int Train(const RankRun& run, int rank) {
     if (!stats.ok()) return fail(16, stats.status());
     record.norms.push_back(stats->grad_norm);
     record.clips.push_back(stats->clip_coef);
+  }
+  if (run.world == 1 && accumulation == 1 && stage > 1 && in_place == 0) {
+    return fail(26, FailedPreconditionError("one rank took no gradient in place"));
   }
   for (int t = 0; t < 4; ++t) {
     if (stage == 3) {  // the optimizer's values; at stages 1-2 the step wrote them here
