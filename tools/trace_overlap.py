@@ -3,7 +3,7 @@
 (zoffload.trace_path; Chrome trace-event JSON).
 
 Per step: the span of gradient hand-overs (GradientReady calls: the backward as the engine sees
-it), the update time spent on the worker before the last hand-over and after it, how long Step
+it), the update time spent on the updater thread before the last hand-over and after it, how long Step
 waited, and the delay from each parameter's hand-over to the start of its update (overlap
 "backward"). For ZeRO (a "zero" track): per step, the time blocked in parameter gathers.
 Usage: tools/trace_overlap.py TRACE.json
@@ -27,7 +27,7 @@ def main(path):
     updates = spans.get("updates during backward", [])
     adam = [e for t, s in spans.items() if t.startswith("adam thread") for e in s]
     print(f"{path}: {len(waits)} steps, {len(handed)} hand-overs, {len(updates)} updates "
-          f"on the worker")
+          f"on the updater")
     begin = 0
     for k, wait in enumerate(waits):
         step_start = wait["ts"]
