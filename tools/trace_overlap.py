@@ -3,9 +3,9 @@
 (zoffload.trace_path; Chrome trace-event JSON).
 
 Per step: the span of gradient hand-overs (GradientReady calls: the backward as the engine sees
-it), the update time spent on the updater thread before the last hand-over and after it, how long Step
-waited, and the delay from each parameter's hand-over to the start of its update (overlap
-"backward"). For ZeRO (a "zero" track): per step, the time blocked in parameter gathers.
+it), the update time spent on the updater thread before the last hand-over and after it, how
+long Step waited, and the delay from each parameter's hand-over to the start of its update
+(overlap "backward"). For ZeRO (a "zero" track): per step, the time blocked in parameter gathers.
 Usage: tools/trace_overlap.py TRACE.json
 """
 import json
