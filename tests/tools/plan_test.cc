@@ -381,6 +381,28 @@ nlohmann::json ReadJson(const std::string& path) {
   return nlohmann::json::parse(in);
 }
 
+// Stage 3 + offload_param with 0.15 of the int8 state on NVMe, 13.21B (docs/PERF.md runs 6-7,
+// H100): GPU and host memory within 10 %, with what reuse keeps at the turn counted (the whole
+// stage3_max_live_parameters bound gave +17 % GPU). The step is not yet within 15 % (-20 %: the
+// run copied every gradient twice on the host, since removed; to be measured again).
+TEST(PlanTest, MemoryMatchesThe13BRunWithStateOnNvme) {
+  const std::string perf = std::string(ZO_SOURCE_DIR) + "/docs/perf/";
+  const nlohmann::json run = ReadJson(perf + "finetune_params_nvme0.15_L64_h100_run2.json");
+  ModelShape m = *ModelNamed("llama-7b");
+  m.layers = 64;
+  CountLlama(m);
+  ASSERT_EQ(m.params, run["params"].get<uint64_t>());
+  Workload w;
+  w.stage = 3;
+  w.offload_param = true;
+  const Estimate e = EstimateRun(m, w, {Overlap::kNone, StatePrecision::kInt8, 0.15}, {});
+  const double gib = 1 << 30;
+  EXPECT_LE(std::abs(e.gpu_bytes / gib / run["gpu_peak_gib"].get<double>() - 1), 0.10)
+      << e.gpu_bytes / gib;
+  EXPECT_LE(std::abs(e.host_bytes / gib / run["host_peak_gib"].get<double>() - 1), 0.10)
+      << e.host_bytes / gib;
+}
+
 // The tool as a user runs it: advice that the config parser accepts, the JSON, and clear
 // errors for an unknown model and for a model that fits nowhere.
 TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
