@@ -230,7 +230,9 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
     grads = host_grads.data();
   }
   const uint64_t spin_ns = static_cast<uint64_t>(o.grad_ms * 1e6);
-  // One backward: every gradient, last tensor first; `ready` hands each one over.
+  // One backward: every gradient, last tensor first; `ready` hands each one over. A CPU
+  // backward writes tensor t's gradient at into[t] (a GPU one at `grads`).
+  std::vector<void*> into(sizes.size(), grads);
   auto backward = [&](uint32_t seed, const std::function<Status(size_t)>& ready) -> Status {
     for (size_t t = sizes.size(); t-- > 0;) {
 #if ZO_HAVE_CUDA
@@ -247,7 +249,7 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
             Clock::now() + std::chrono::nanoseconds(static_cast<uint64_t>(
                                static_cast<double>(spin_ns) * static_cast<double>(sizes[t]) /
                                static_cast<double>(o.params)));
-        FillHost(static_cast<uint16_t*>(grads), sizes[t], seed + static_cast<uint32_t>(t));
+        FillHost(static_cast<uint16_t*>(into[t]), sizes[t], seed + static_cast<uint32_t>(t));
         while (Clock::now() < until) {
         }
       }
@@ -316,11 +318,17 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
   progress.Step(StrCat("engine created in ", rec.create_seconds,
                        " s: ", HumanBytes(engine->host_bytes()), " host"));
 
+  // Host mode: each gradient is made where the engine takes it in place, where it offers that.
+  for (size_t t = 0; t < sizes.size() && !gpu; ++t) {
+    ZO_ASSIGN_OR_RETURN(void* buffer, engine->GradientBuffer(specs[t].name));
+    if (buffer != nullptr) into[t] = buffer;
+  }
   std::vector<double> steps, grads_times, updates;
   for (int r = 0; r <= o.steps; ++r) {
     const auto start = Clock::now();
     ZO_RETURN_IF_ERROR(backward(100 + r, [&](size_t t) {
-      return engine->GradientReady(specs[t].name, grads, sizes[t], DType::kBf16, stream);
+      return engine->GradientReady(specs[t].name, gpu ? grads : into[t], sizes[t], DType::kBf16,
+                                   stream);
     }));
     const double issued = SecondsSince(start);
     ZO_ASSIGN_OR_RETURN(const EngineStepStats stats, engine->Step());
