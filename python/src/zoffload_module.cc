@@ -354,7 +354,7 @@ class Engine {
   // bytes, uint8, for bf16 and int8 state).
   nb::tuple ReadState(const std::string& name) {
     OffloadEngine& e = Live();
-    const uint64_t n = ElementsOf(name);
+    const uint64_t n = Lookup(name).first;
     const StatePrecision p = config_.zoffload.optimizer_state;
     const uint64_t moment_bytes = AdamMomentBytes(p, n);
     auto master = std::make_unique<float[]>(n);
@@ -389,7 +389,7 @@ class Engine {
   void LoadState(const std::string& name, const AnyArray& master, const AnyArray& m,
                  const AnyArray& v) {
     OffloadEngine& e = Live();
-    const uint64_t n = ElementsOf(name);
+    const uint64_t n = Lookup(name).first;
     const uint64_t moment_bytes = AdamMomentBytes(config_.zoffload.optimizer_state, n);
     auto check = [&](const AnyArray& a, const char* which, uint64_t bytes) {
       const std::string what = std::string(which) + " of '" + name + "'";
@@ -415,8 +415,8 @@ class Engine {
   // this object alive, and must not be used after close().
   nb::object GradientBuffer(const std::string& name) {
     OffloadEngine& e = Live();
-    const uint64_t bytes = ElementsOf(name) * DTypeBytes(elements_.at(name).second);
-    return BytesOf(Unwrap(e.GradientBuffer(name)), bytes, nb::find(this));
+    const auto [n, dtype] = Lookup(name);
+    return BytesOf(Unwrap(e.GradientBuffer(name)), n * DTypeBytes(dtype), nb::find(this));
   }
 
   void set_steps(int64_t steps) { Check(Live().SetSteps(steps)); }
@@ -436,10 +436,10 @@ class Engine {
   nb::dict last_step() { return StatsDict(Live().last_step()); }
 
  private:
-  uint64_t ElementsOf(const std::string& name) const {
+  std::pair<uint64_t, DType> Lookup(const std::string& name) const {
     auto it = elements_.find(name);
     if (it == elements_.end()) Fail(StatusCode::kNotFound, "engine: no parameter '" + name + "'");
-    return it->second.first;
+    return it->second;
   }
   OffloadEngine& Live() {
     if (engine_ == nullptr) Fail(StatusCode::kFailedPrecondition, "engine: closed");

@@ -80,11 +80,13 @@ class Lane {
   }
   bool running() const { return thread_.joinable(); }
   void Push(const T& item) {
+    pushed_.fetch_add(1);
     queue_.push(item);
     queued_.release();
   }
-  // Blocks until `count` items have been handled since the start.
-  void AwaitHandled(uint64_t count) {
+  // Blocks until every item pushed so far has been handled.
+  void AwaitAll() {
+    const uint64_t count = pushed_.load();
     for (uint64_t done = handled_.load(); done < count; done = handled_.load()) {
       handled_.wait(done);
     }
@@ -99,7 +101,7 @@ class Lane {
  private:
   boost::lockfree::queue<T> queue_{64};
   std::counting_semaphore<> queued_{0};
-  std::atomic<uint64_t> handled_{0};
+  std::atomic<uint64_t> pushed_{0}, handled_{0};
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };
@@ -168,7 +170,6 @@ struct OffloadEngine::Impl : public ParamSink {
   using Item = internal::DevicePath::Piece;
   static constexpr uint32_t kRunUpdate = UINT32_MAX;
   Lane<Item> worker;
-  uint64_t posted = 0;            // items this thread queued (pieces are counted apart)
   bool pieces_to_worker = false;  // every landed piece goes to the worker
   bool norm_on_landing = false;   // overlap "none" on the GPU: squares as gradients land
   int landing_threads = 1;        // for those, and for overlap "backward"'s
@@ -177,7 +178,6 @@ struct OffloadEngine::Impl : public ParamSink {
   // its gradient (its norm part, inf/NaN before anything is written), in that order, and
   // updates it (the upload of each chunk follows at once), while the worker checks the next.
   Lane<size_t> updater;
-  uint64_t to_updater = 0;  // parameters the worker sent it (read after AwaitWorker)
   // Per window (the gradients between two Steps), overlap "backward" (and `squares` with
   // norm_on_landing): fixed at its first gradient, then the worker's (read after AwaitWorker).
   AdamHyper window_base;
@@ -232,11 +232,6 @@ struct OffloadEngine::Impl : public ParamSink {
     return static_cast<uint32_t>(param << 2 | (add ? 2u : 0u) | (last ? 1u : 0u));
   }
 
-  void Post(Item item) {
-    worker.Push(item);
-    ++posted;
-  }
-
   void Handle(const Item& item) {
     if (item.tag == kRunUpdate) return RunUpdate();
     const size_t i = item.tag >> 2;
@@ -267,7 +262,6 @@ struct OffloadEngine::Impl : public ParamSink {
         if (Tracer* tracer = rt->tracer()) tracer->Record(kNormTrack, p.name, start, Clock::now());
         if (overlap == Overlap::kBackward) {
           updater.Push(i);
-          ++to_updater;
         }
       }
     }
@@ -276,13 +270,8 @@ struct OffloadEngine::Impl : public ParamSink {
   // Blocks until the worker has handled every item sent so far, and the updater every
   // parameter the worker sent it.
   void AwaitWorker() {
-    if (!worker.running()) return;
-    uint64_t target = posted;
-#if ZO_HAVE_CUDA
-    if (pieces_to_worker) target += device->pieces();
-#endif
-    worker.AwaitHandled(target);
-    if (updater.running()) updater.AwaitHandled(to_updater);
+    worker.AwaitAll();  // what it sends the updater is pushed by then
+    updater.AwaitAll();
   }
 
   TensorGrads GradsOf(size_t i, const AdamHyper* hyper) {
@@ -725,7 +714,7 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
       Accumulate(p->grads.as<float>(), grad, p->dtype, p->n, add);
     }
     if (e.overlap == Overlap::kBackward && last) {
-      e.Post({nullptr, p->bytes(), Impl::Tag(i, add, last)});
+      e.worker.Push({nullptr, p->bytes(), Impl::Tag(i, add, last)});
     }
   }
   if (last) e.arrival.push_back(i);
@@ -837,7 +826,7 @@ Result<EngineStepStats> OffloadEngine::Step() {
       for (Impl::Param& p : e.params) p.pending = true;
       e.update_done.store(false);
       e.outstanding = true;
-      e.Post({nullptr, 0, Impl::kRunUpdate});
+      e.worker.Push({nullptr, 0, Impl::kRunUpdate});
       if (e.launched <= e.config.zoffload.delayed_warmup_steps) {
         // A warm-up step is exact: its values go up before the next forward.
         ZO_RETURN_IF_ERROR(e.Collect(&stats).WithContext("Step (delayed warm-up)"));

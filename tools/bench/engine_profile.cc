@@ -230,8 +230,8 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
     grads = host_grads.data();
   }
   const uint64_t spin_ns = static_cast<uint64_t>(o.grad_ms * 1e6);
-  // One backward: every gradient, last tensor first; `ready` hands each one over. A CPU
-  // backward writes tensor t's gradient at into[t] (a GPU one at `grads`).
+  // One backward: every gradient, last tensor first, made at into[t] (`grads`, reused, unless
+  // the engine takes it in place); `ready` hands each one over.
   std::vector<void*> into(sizes.size(), grads);
   auto backward = [&](uint32_t seed, const std::function<Status(size_t)>& ready) -> Status {
     for (size_t t = sizes.size(); t-- > 0;) {
@@ -240,7 +240,7 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
         const auto share =
             static_cast<uint64_t>(static_cast<double>(spin_ns) * static_cast<double>(sizes[t]) /
                                   static_cast<double>(o.params));
-        ZO_RETURN_IF_ERROR(ProduceGradients(grads, sizes[t], seed + t, share, stream));
+        ZO_RETURN_IF_ERROR(ProduceGradients(into[t], sizes[t], seed + t, share, stream));
       }
 #endif
       if (!gpu) {
@@ -327,8 +327,7 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
   for (int r = 0; r <= o.steps; ++r) {
     const auto start = Clock::now();
     ZO_RETURN_IF_ERROR(backward(100 + r, [&](size_t t) {
-      return engine->GradientReady(specs[t].name, gpu ? grads : into[t], sizes[t], DType::kBf16,
-                                   stream);
+      return engine->GradientReady(specs[t].name, into[t], sizes[t], DType::kBf16, stream);
     }));
     const double issued = SecondsSince(start);
     ZO_ASSIGN_OR_RETURN(const EngineStepStats stats, engine->Step());
