@@ -5,7 +5,9 @@
 Per step: the span of gradient hand-overs (GradientReady calls: the backward as the engine sees
 it), the update time spent on the updater thread before the last hand-over and after it, how
 long Step waited, and the delay from each parameter's hand-over to the start of its update
-(overlap "backward"). For ZeRO (a "zero" track): per step, the time blocked in parameter gathers.
+(overlap "backward"); then, under backward, when the first update started, how long the updater
+stood idle between updates, and the worker's time on norm parts (its check before each update).
+For ZeRO (a "zero" track): per step, the time blocked in parameter gathers.
 Usage: tools/trace_overlap.py TRACE.json
 """
 import json
@@ -26,6 +28,7 @@ def main(path):
     handed = spans.get("gradients handed over", [])
     updates = spans.get("updates during backward", [])
     adam = [e for t, s in spans.items() if t.startswith("adam thread") for e in s]
+    norms = spans.get("gradient norms as they land", [])
     print(f"{path}: {len(waits)} steps, {len(handed)} hand-overs, {len(updates)} updates "
           f"on the updater")
     begin = 0
@@ -50,6 +53,14 @@ def main(path):
               f"backward" + (f"; hand-over to update start: median "
                              f"{statistics.median(delays):.3f} s, max {max(delays):.3f} s"
                              if delays else ""))
+        under = [e for e in u if e["ts"] < last]
+        if under:
+            idle = (last - under[0]["ts"]) / 1e6 - before
+            checked = sum(min(e["ts"] + e["dur"], last) - e["ts"]
+                          for e in norms if first <= e["ts"] < last) / 1e6
+            print(f"  under backward: first update {(under[0]['ts'] - first) / 1e6:.3f} s after "
+                  f"the first hand-over, the updater idle {idle:.3f} s between updates, the "
+                  f"worker {checked:.3f} s on norm parts")
         begin = step_start + wait["dur"]
     # ZeRO (zoffload.torch with offload_param nvme, or across ranks): per step, the time the
     # caller was blocked in parameter gathers, against the time between steps.

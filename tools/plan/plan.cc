@@ -192,11 +192,10 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
     const bool values_known = !param_nvme || (s.nvme_read_gbps > 0 && s.nvme_write_gbps > 0);
     if (rate > 0 && f > 0 && s.pcie_h2d_gbps > 0 && io_known && values_known) {
       const double passes = w.checkpointing ? 3 : 2;
-      const double copies = kParamOffloadSlowdown * (passes + 1) * 2.0 * static_cast<double>(p) /
-                            (s.pcie_h2d_gbps * 1e9);
+      const double copies = (passes + 1) * 2.0 * static_cast<double>(p) / (s.pcie_h2d_gbps * 1e9);
       // State on NVMe: the update streams it, its I/O under CPU Adam (as in the step profile).
       double update_io = e.io_seconds;
-      double compute = f + copies;
+      double compute = std::max(f, copies);
       double reads = 0;
       if (param_nvme) {
         // What the host cache cannot hold (2 bytes a value) is read in the forward and again
@@ -212,14 +211,13 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
       e.pcie_seconds = copies;
       e.step_seconds = compute + update + h;
       const bool state_bound = update_io > e.adam_seconds;
-      e.bound = reads > f + copies              ? "NVMe (parameters read ahead)"
+      e.bound = reads > std::max(f, copies)     ? "NVMe (parameters read ahead)"
                 : copies >= std::max(f, update) ? "PCIe (parameters fetched per use)"
-                : f >= update                   ? "GPU and the parameter copies in turn"
+                : f >= update                   ? "GPU (the parameter copies under it)"
                 : !state_bound                  ? "CPU Adam"
                 : param_nvme                    ? "NVMe (parameters and state)"
                                                 : "NVMe (state)";
-      if (param_nvme || state_bound)
-        e.bound += "; this combination is not yet checked against a run";
+      if (param_nvme) e.bound += "; this combination is not yet checked against a run";
     } else if (rate > 0 && f > 0 && s.pcie_h2d_gbps > 0 && io_known) {
       e.bound =
           "no step time: NVMe's read and write speeds are unknown (--measure with --nvme, "

@@ -42,15 +42,15 @@
 //   write). PCIe (when its speeds are given) moves 2P down and 2P up: in mode none the gradients
 //   under backward (max(backward, down)) and the parameters under the update (max(update, up));
 //   in backward and delayed both ways at once, a third term in the max.
-// - stage 3 + offload_param, one rank, mode none: F + the copies + Adam + H, where the copies
-//   are each parameter fetched per use (3 x 2P bytes up with checkpointing: forward, the
+// - stage 3 + offload_param, one rank, mode none: max(F, the copies) + Adam + H, where the
+//   copies are each parameter fetched per use (3 x 2P bytes up with checkpointing: forward, the
 //   recomputed forward and backward; 2 x 2P without) and the gradients down (2P), at the host-
-//   to-device rate times kParamOffloadSlowdown. With a share of the state on NVMe, max(Adam,
-//   its I/O) replaces Adam. offload_param "nvme": the values the host cache cannot hold (V
-//   bytes) are read twice a step (forward; backward with its recomputation) ahead of use,
-//   max(F + the copies, 2V at the read rate), and written back by the update, max(Adam, the
-//   state's I/O + V at the write rate). Neither NVMe case is checked against a run yet; the bound
-//   says so.
+//   to-device rate: prefetch runs them under the compute (H100, docs/PERF.md run 8: 96-97 % of
+//   them hidden at 9.98B and 13.21B). With a share of the state on NVMe, max(Adam, its I/O)
+//   replaces Adam (checked on the 13.21B run). offload_param "nvme": the values the host cache
+//   cannot hold (V bytes) are read twice a step (forward; backward with its recomputation) ahead
+//   of use, max(F, the copies, 2V at the read rate), and written back by the update, max(Adam,
+//   the state's I/O + V at the write rate); not checked against a run yet, and the bound says so.
 // F is the measured forward+backward scaled to the model's parameters (same tokens).
 #pragma once
 
@@ -65,19 +65,16 @@
 namespace zoffload::internal::plan {
 
 inline constexpr double kBackwardShare = 0.73;  // of forward+backward, with checkpointing
-// CPU Adam beside the training loop, against alone (7B runs 3-4): per parameter as gradients
-// land (overlap backward: each one's own norm pass, the threads half idle while backward
-// runs), and in one pass during the next step (overlap delayed).
+// CPU Adam beside the training loop, against alone (7B runs 3-4, H200; run 6 on the H100, with
+// gradients taken in place, is 8 % under the estimate): per parameter as gradients land
+// (overlap backward: each one's own norm pass, the threads half idle while backward runs), and
+// in one pass during the next step (overlap delayed).
 inline constexpr double kBackwardSlowdown = 1.22;
 inline constexpr double kDelayedSlowdown = 1.06;
 inline constexpr uint64_t kProcessBytes = uint64_t{3} << 29;  // 1.5 GiB: torch, CUDA context
 // Per parameter tensor: what a step takes beyond forward+backward and the update (the hooks,
 // the last gradients' copy, the last uploads); fitted on the 7B runs, not a measured phase.
 inline constexpr double kHandOverSeconds = 0.15e-3;
-// Parameter offload's copies take this many times their time at the link's host-to-device rate,
-// on top of forward+backward: prefetch hides 38 % of the fetch, and the per-module hooks add
-// back more than that (fitted on the 9.98B run, docs/PERF.md run 5; checked on 11.6-12.8B).
-inline constexpr double kParamOffloadSlowdown = 1.17;
 
 struct ModelShape {
   std::string name;
