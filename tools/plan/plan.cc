@@ -250,17 +250,18 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
     const double both =
         micro *
         over(s.pcie_both_gbps > 0 ? s.pcie_both_gbps : std::min(s.pcie_d2h_gbps, s.pcie_h2d_gbps));
-    const double backward = f * kBackwardShare + h;
+    const double backward = f * s.backward_share + h;
     switch (c.overlap) {
       case Overlap::kNone:  // down under backward, then up under the update
         e.pcie_seconds = down + up;
-        e.step_seconds = f * (1 - kBackwardShare) + std::max(backward, down) + std::max(update, up);
+        e.step_seconds =
+            f * (1 - s.backward_share) + std::max(backward, down) + std::max(update, up);
         e.bound = StrCat(backward >= down ? "GPU" : "PCIe (gradients down)", " and ",
                          update >= up ? cpu : "PCIe (parameters up)", " in turn");
         break;
       case Overlap::kBackward:  // both ways at once under backward
         e.pcie_seconds = both;
-        e.step_seconds = f * (1 - kBackwardShare) + std::max({backward, update, both});
+        e.step_seconds = f * (1 - s.backward_share) + std::max({backward, update, both});
         e.bound = both > std::max(backward, update) ? "PCIe (both ways at once)"
                   : backward >= update              ? "GPU (backward)"
                                                     : cpu;
@@ -308,6 +309,11 @@ Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files) {
         s.adam(*state) = std::max(s.adam(*state), r.value("Gparams_per_s", 0.0));
       } else if (profile == "engine" && state && r.value("adam_alone_gparams", 0.0) > 0) {
         s.adam(*state) = r.value("adam_alone_gparams", 0.0);
+        if (r.value("grad_alone_seconds", 0.0) > 0) {  // its backward stand-in, no forward
+          s.fwd_bwd_seconds = r.value("grad_alone_seconds", 0.0);
+          s.fwd_bwd_params = r.value("params", uint64_t{0});
+          s.backward_share = 1;
+        }
       } else if (profile == "step" && r.value("state_on", "") == "nvme") {
         s.nvme_read_gbps = r.value("read_GBps", 0.0);
         s.nvme_write_gbps = r.value("write_GBps", 0.0);
@@ -321,6 +327,7 @@ Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files) {
       } else if (r.value("system", "") == "fwd_bwd") {
         s.fwd_bwd_seconds = r.value("seconds_per_step", 0.0);
         s.fwd_bwd_params = r.value("params", uint64_t{0});
+        s.backward_share = kBackwardShare;
       } else if (r.value("system", "").starts_with("zoffload:none:") && r.contains("steps")) {
         // CPU Adam inside the exact step (it runs alone there): the median past the warm-up.
         std::vector<double> adam;

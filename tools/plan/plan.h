@@ -31,8 +31,8 @@
 // Step time (seconds; one rank, stages 1-2; accumulation N > 1 in mode delayed only, where the
 // N micro-batches' forward+backward (N F) and N gradients down replace F and one; what is
 // measured), from the
-// forward+backward time F (backward is kBackwardShare of it), CPU Adam's rate for the layout, and
-// NVMe's rate for the NVMe share:
+// forward+backward time F (backward is kBackwardShare of it: Speeds::backward_share), CPU Adam's
+// rate for the layout, and NVMe's rate for the NVMe share:
 // - none: F + Adam; backward: F(1 - kBackwardShare) + max(F kBackwardShare, kb Adam);
 //   delayed: max(F, kd Adam), where kb = kBackwardSlowdown and kd = kDelayedSlowdown are
 //   Adam's slowdowns beside the training loop (measured on the H200, docs/PERF.md). Each parameter
@@ -123,8 +123,10 @@ struct Candidate {
 };
 
 struct Speeds {
-  double fwd_bwd_seconds = 0;          ///< the GPU's forward + backward of one step; 0: unknown
-  uint64_t fwd_bwd_params = 0;         ///< the model it was measured on; 0: the model planned
+  double fwd_bwd_seconds = 0;   ///< the GPU's forward + backward of one step; 0: unknown
+  uint64_t fwd_bwd_params = 0;  ///< the model it was measured on; 0: the model planned
+  /// Of fwd_bwd_seconds, the backward (zoffload-bench engine's stand-in is all backward: 1).
+  double backward_share = kBackwardShare;
   double adam_gparams[3] = {0, 0, 0};  ///< CPU Adam per state precision (fp32, bf16, int8)
   double& adam(StatePrecision p) { return adam_gparams[static_cast<int>(p)]; }
   double adam(StatePrecision p) const { return adam_gparams[static_cast<int>(p)]; }
@@ -152,7 +154,8 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
 
 /// Speeds read from zoffload-bench JSON files (adam, nvme, step, engine, pcie) and
 /// bench/finetune_7b.py's JSON (its fwd_bwd system gives F, its exact zoffload system CPU
-/// Adam's rate); later files override earlier ones.
+/// Adam's rate; an engine record gives F as its gradient production alone, all backward);
+/// later files override earlier ones.
 Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files);
 
 }  // namespace zoffload::internal::plan
