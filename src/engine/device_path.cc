@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "common/strings.h"
 #include "gpu/copy_engine.h"
@@ -15,6 +16,8 @@ namespace zoffload::internal {
 namespace {
 
 constexpr uint64_t kPieceAlign = 256;  // each piece starts 256-byte aligned in the ring
+// A squares entry before its gradient's have landed: not finite.
+constexpr gpu::DeviceGradNorm kUnknown{std::numeric_limits<double>::quiet_NaN(), ~0u, 0};
 
 // A null stream is the legacy default stream, which the copy engine's non-blocking streams
 // are not ordered with unless told.
@@ -37,13 +40,15 @@ struct DevicePath::Slot {
 struct DevicePath::Norm {
   gpu::GradNormWorkspace workspace;
   CudaEvent order;
-  cudaStream_t stream = nullptr;  // of the newest launch
-  uint64_t launches = 0;          // since the last TakeNorm
+  cudaStream_t stream = nullptr;  // of the newest launch (null: none yet)
+  DeviceMemory results;           // gpu::DeviceGradNorm each, written by the last launch
+  HostMemory entries;             // where they go down (pinned)
+  size_t count = 0;
 };
 
 Result<std::unique_ptr<DevicePath>> DevicePath::Create(Runtime& rt, uint64_t bucket_bytes,
                                                        int slots, uint64_t slot_bytes,
-                                                       Landed landed) {
+                                                       Landed landed, size_t squares) {
   std::unique_ptr<DevicePath> path(new DevicePath());
   path->rt_ = &rt;
   path->landed_ = std::move(landed);
@@ -57,6 +62,17 @@ Result<std::unique_ptr<DevicePath>> DevicePath::Create(Runtime& rt, uint64_t buc
     auto slot = std::make_unique<Slot>();
     ZO_ASSIGN_OR_RETURN(slot->memory, rt.AllocateHost(slot_bytes, "an upload staging slot", true));
     path->slots_.push_back(std::move(slot));
+  }
+  if (squares > 0) {
+    ZO_ASSIGN_OR_RETURN(gpu::GradNormWorkspace workspace, gpu::GradNormWorkspace::Create());
+    ZO_ASSIGN_OR_RETURN(CudaEvent order, CudaEvent::Create());
+    const uint64_t bytes = squares * sizeof(gpu::DeviceGradNorm);
+    ZO_ASSIGN_OR_RETURN(DeviceMemory results, rt.AllocateDevice(bytes, "the gradients' squares"));
+    ZO_ASSIGN_OR_RETURN(HostMemory entries, rt.AllocateHost(bytes, "the gradients' squares", true));
+    path->norm_.reset(new Norm{std::move(workspace), std::move(order), nullptr, std::move(results),
+                               std::move(entries), squares});
+    for (size_t i = 0; i < squares; ++i)
+      path->norm_->entries.as<gpu::DeviceGradNorm>()[i] = kUnknown;
   }
   return path;
 }
@@ -82,9 +98,19 @@ Result<int> DevicePath::DeviceOf(const void* ptr) {
 }
 
 Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32_t tag,
-                       void* stream, const Future<>* upload, const DType* norm) {
+                       void* stream, const Future<>* upload, const SquaresTo* squares) {
   const cudaStream_t caller = AsStream(stream);
   ZO_ASSIGN_OR_RETURN(CopyEngine * copies, rt_->Copies());
+  gpu::DeviceGradNorm* entry = nullptr;
+  if (squares != nullptr) {
+    if (norm_ == nullptr || squares->entry >= norm_->count) {
+      return InvalidArgumentError(StrCat("DevicePath::Add: squares entry ", squares->entry, " of ",
+                                         norm_ == nullptr ? 0 : norm_->count));
+    }
+    entry = norm_->entries.as<gpu::DeviceGradNorm>() + squares->entry;
+    *entry = kUnknown;  // its last copy down landed before this gradient was made
+  }
+  bool first = true;
   if (upload != nullptr) {
     ZO_RETURN_IF_ERROR(upload->OrderBefore(copies->stream(CopyEngine::Direction::kDeviceToHost)));
   }
@@ -105,8 +131,20 @@ Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32
     }
     std::byte* slot = ring_.as<std::byte>() + head_;
     ZO_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot, src, piece, cudaMemcpyDeviceToDevice, caller));
-    if (norm != nullptr)
-      ZO_RETURN_IF_ERROR(AddToNorm(slot, piece / DTypeBytes(*norm), *norm, caller));
+    if (entry != nullptr) {
+      // After the last piece the result goes to the entry's device slot, then down on the D2H
+      // stream ahead of that piece (a copy on the caller's stream would wait for the copy
+      // engine's pieces before it, and hold backward up).
+      gpu::DeviceGradNorm* result =
+          piece == bytes ? norm_->results.as<gpu::DeviceGradNorm>() + squares->entry : nullptr;
+      ZO_RETURN_IF_ERROR(AddSquares(slot, piece / DTypeBytes(squares->dtype), squares->dtype,
+                                    caller, !first, result));
+      if (result != nullptr) {
+        Future<> down = copies->DeviceToHost(entry, result, sizeof(*entry), caller);
+        if (down.Ready()) ZO_RETURN_IF_ERROR(down.Wait());  // an enqueue error
+      }
+    }
+    first = false;
     Future<> read = copies->DeviceToHost(host, slot, piece, caller);
     if (read.Ready()) ZO_RETURN_IF_ERROR(read.Wait());  // an enqueue error
     while (!landing_.empty() && landing_.front().Ready()) landing_.pop_front();
@@ -149,32 +187,24 @@ Status DevicePath::AwaitPiece() {
   return read.Wait();
 }
 
-Status DevicePath::AddToNorm(const void* piece, uint64_t elements, DType dtype,
-                             cudaStream_t stream) {
-  if (norm_ == nullptr) {
-    ZO_ASSIGN_OR_RETURN(gpu::GradNormWorkspace workspace, gpu::GradNormWorkspace::Create());
-    ZO_ASSIGN_OR_RETURN(CudaEvent order, CudaEvent::Create());
-    norm_.reset(new Norm{std::move(workspace), std::move(order)});
-  }
+Status DevicePath::AddSquares(const void* piece, uint64_t elements, DType dtype,
+                              cudaStream_t stream, bool accumulate, gpu::DeviceGradNorm* result) {
   Norm& n = *norm_;
   // The launches share the workspace: one on another stream goes after the one before.
-  if (n.launches > 0 && n.stream != stream) {
+  if (n.stream != nullptr && n.stream != stream) {
     ZO_RETURN_IF_ERROR(OrderAfter(stream, n.stream, n.order));
   }
   const gpu::DeviceSpan span{piece, elements};
   ZO_RETURN_IF_ERROR(
-      gpu::MultiTensorGradNorm({&span, 1}, dtype, n.workspace, stream, n.launches > 0));
+      gpu::MultiTensorGradNorm({&span, 1}, dtype, n.workspace, stream, accumulate, result));
   n.stream = stream;
-  ++n.launches;
   return Status::Ok();
 }
 
-Result<GradNorm> DevicePath::TakeNorm() {
-  if (norm_ == nullptr || norm_->launches == 0) return GradNorm{};
-  ZO_ASSIGN_OR_RETURN(CopyEngine * copies, rt_->Copies());
-  // Every launch ran before a D2H that has landed; the read goes after them on the D2H stream.
-  norm_->launches = 0;
-  return norm_->workspace.Read(copies->stream(CopyEngine::Direction::kDeviceToHost));
+GradSquares DevicePath::Squares(size_t entry) const {
+  if (norm_ == nullptr || entry >= norm_->count) return {0, false};
+  const gpu::DeviceGradNorm& d = norm_->entries.as<const gpu::DeviceGradNorm>()[entry];
+  return {d.sum_squares, d.nonfinite == 0};
 }
 
 Result<std::byte*> DevicePath::AcquireSlot() {

@@ -16,9 +16,11 @@
 //    same order: it blocks until that piece is on the host. No host function goes on the D2H
 //    stream, so a busy host (the CPU update under backward) cannot hold the copies up, nor
 //    through the ring the caller's stream behind them.
-// 5. Asked to (overlap "delayed", where the host has no time to spare), Add also adds the
-//    piece's squares and inf/NaN count to a gradient norm on the GPU, on the caller's stream
-//    before the piece's D2H; TakeNorm reads it once the pieces have landed.
+// 5. Asked to (`squares`), Add also makes the gradient's float64 sum of squares and inf/NaN
+//    count on the GPU, on the caller's stream after each piece's copy into the ring, and sends
+//    them down into an entry of a pinned array on the D2H stream just before the last piece:
+//    once that piece has landed, Squares reads them. The host spends no time on the norm (the CPU
+//    update under backward has the cores), and reads the gradient only in the update.
 // Up (during Step): a ring of pinned staging slots; AcquireSlot waits (host) for the slot's
 // previous upload; Upload sends it on the H2D stream. UploadFrom sends pinned memory of the
 // caller's instead (overlap "delayed": a parameter uploaded from where its gradient landed,
@@ -40,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/kernels.h"
 #include "tiers/runtime_context.h"
 #include "zoffload/cpu_adam.h"
 #include "zoffload/dtype.h"
@@ -58,10 +61,17 @@ class DevicePath {
   };
   using Landed = std::function<void(Piece)>;
 
+  /// Where Add sends a gradient's squares: `entry` of Create's `squares` entries.
+  struct SquaresTo {
+    DType dtype;  ///< the gradient's
+    size_t entry;
+  };
+
   /// A ring of two buckets of `bucket_bytes` (device), `slots` staging slots of `slot_bytes`
-  /// (pinned).
+  /// (pinned), and `squares` entries for gradients' squares (pinned).
   static Result<std::unique_ptr<DevicePath>> Create(Runtime& rt, uint64_t bucket_bytes, int slots,
-                                                    uint64_t slot_bytes, Landed landed);
+                                                    uint64_t slot_bytes, Landed landed,
+                                                    size_t squares = 0);
   ~DevicePath();
 
   /// The CUDA device `ptr` points into, or -1 for host memory.
@@ -69,17 +79,18 @@ class DevicePath {
 
   /// Sends `bytes` of device memory at `grad` (produced on `stream`, a cudaStream_t; null:
   /// the legacy default stream) to pinned `host`, after `upload` (when given) has read it.
-  /// With `norm` (the gradient's element type) it also goes into the norm TakeNorm returns.
+  /// With `squares` its sum of squares and inf/NaN count go down too (item 5).
   Status Add(const void* grad, uint64_t bytes, std::byte* host, uint32_t tag, void* stream,
-             const Future<>* upload = nullptr, const DType* norm = nullptr);
+             const Future<>* upload = nullptr, const SquaresTo* squares = nullptr);
   /// Blocks until every piece is in host memory.
   Status WaitLanded();
   /// With a Landed callback, from its consumer (one thread): blocks until the oldest piece
   /// not yet awaited is in host memory, and returns its D2H's status.
   Status AwaitPiece();
-  /// The float64 norm and inf/NaN check of the gradients added with `norm` since the last
-  /// call (deterministic for the same gradients in the same order); call after WaitLanded.
-  Result<GradNorm> TakeNorm();
+  /// The squares of the gradient last sent to `entry`, once its last piece has landed
+  /// (AwaitPiece, WaitLanded); deterministic for the same gradient. Not finite (inf/NaN in the
+  /// gradient, or its copy failed) until then.
+  GradSquares Squares(size_t entry) const;
 
   /// The next staging slot (slot_bytes of pinned memory), once its last upload is done.
   Result<std::byte*> AcquireSlot();
@@ -104,7 +115,8 @@ class DevicePath {
   struct Region;
   struct Slot;
   DevicePath() = default;
-  Status AddToNorm(const void* piece, uint64_t elements, DType dtype, cudaStream_t stream);
+  Status AddSquares(const void* piece, uint64_t elements, DType dtype, cudaStream_t stream,
+                    bool accumulate, gpu::DeviceGradNorm* result);
 
   Runtime* rt_ = nullptr;
   DeviceMemory ring_;
@@ -119,8 +131,9 @@ class DevicePath {
   std::vector<std::unique_ptr<Slot>> slots_;
   size_t next_slot_ = 0;
   Future<> last_upload_;  // the newest upload (the H2D stream runs them in order)
-  // The GPU norm (item 5), made on first use: its launches so far, and the stream of the
-  // newest, which a launch on another stream is ordered after (through Norm::order).
+  // The gradients' squares (item 5): the GPU's workspace, the stream of its newest launch,
+  // which a launch on another stream is ordered after, each entry's result on the GPU and its
+  // pinned copy.
   struct Norm;
   std::unique_ptr<Norm> norm_;
   Landed landed_;

@@ -48,9 +48,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kEngineTrack = "engine";
-constexpr const char* kHandOverTrack = "gradients handed over";    // GradientReady calls
-constexpr const char* kWorkerTrack = "updates during backward";    // overlap "backward"
-constexpr const char* kNormTrack = "gradient norms as they land";  // overlap "none" (GPU)
+constexpr const char* kHandOverTrack = "gradients handed over";  // GradientReady calls
+constexpr const char* kWorkerTrack = "updates during backward";  // overlap "backward"
+constexpr const char* kNormTrack =
+    "gradient norms as they land";  // overlap "none" (GPU), "backward"
 
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -162,24 +163,27 @@ struct OffloadEngine::Impl : public ParamSink {
   // The worker thread, when there is work for it: items come from this thread (a gradient
   // piece as its D2H is enqueued: the worker waits for it to land) and are handled in order:
   // - a landed gradient piece (GPU, accumulation > 1): added into the fp32 sums;
-  // - once a parameter's last gradient of the window is all on the host: its norm part, with a
-  //   few threads while backward runs (overlap "none" on the GPU, so that Step has no norm
-  //   pass left; overlap "backward", which then hands the parameter to the updater);
-  // - overlap "delayed": the step's whole update (kRunUpdate). Its norm is made on the GPU
-  //   as the gradients go down (accumulation 1), as the CPU is busy with the update before.
+  // - once a parameter's last gradient of the window is all on the host: its norm part (made
+  //   on the GPU with accumulation 1, else here with a few threads while backward runs), for
+  //   overlap "none" on the GPU, so that Step has no norm pass left, and overlap "backward",
+  //   which then hands the parameter to the updater;
+  // - overlap "delayed": the step's whole update (kRunUpdate).
   using Item = internal::DevicePath::Piece;
   static constexpr uint32_t kRunUpdate = UINT32_MAX;
   Lane<Item> worker;
   bool pieces_to_worker = false;  // every landed piece goes to the worker
-  bool norm_on_landing = false;   // overlap "none" on the GPU: squares as gradients land
-  int landing_threads = 1;        // for those, and for overlap "backward"'s
-  bool gpu_norm = false;          // overlap "delayed" on the GPU, accumulation 1
+  // On the GPU with accumulation 1, each gradient's squares are made there as it goes down
+  // (DevicePath item 5): the host has no norm pass in any overlap mode.
+  bool gpu_squares = false;
+  bool norm_on_landing = false;  // overlap "none" on the GPU, accumulation > 1: the sums' squares
+  int landing_threads = 1;       // for those, and for overlap "backward"'s on the host
   // Overlap "backward": the updater thread takes each parameter once the worker has checked
   // its gradient (its norm part, inf/NaN before anything is written), in that order, and
   // updates it (the upload of each chunk follows at once), while the worker checks the next.
   Lane<size_t> updater;
-  // Per window (the gradients between two Steps), overlap "backward" (and `squares` with
-  // norm_on_landing): fixed at its first gradient, then the worker's (read after AwaitWorker).
+  // Per window (the gradients between two Steps), overlap "backward" (and `squares` in every
+  // mode that has them): fixed at its first gradient, then the worker's (read after
+  // AwaitWorker; with gpu_squares and no worker reading them, Step reads them).
   AdamHyper window_base;
   std::vector<AdamHyper> window_hypers;
   std::vector<GradSquares> squares;    // each parameter's gradient
@@ -202,7 +206,7 @@ struct OffloadEngine::Impl : public ParamSink {
   std::vector<AdamHyper> job_hypers;
   AdamHyper job_base;
   std::vector<size_t> job_order;
-  GradNorm job_norm;  // with gpu_norm
+  GradNorm job_norm;  // with gpu_squares
   Result<AdamStepResult> job_result{AdamStepResult{}};
   StepStats job_stats;
 
@@ -258,7 +262,11 @@ struct OffloadEngine::Impl : public ParamSink {
       landed_bytes[i] += item.bytes;
       if (landed_bytes[i] == p.bytes()) {
         const auto start = Clock::now();
+#if ZO_HAVE_CUDA
+        squares[i] = gpu_squares ? device->Squares(i) : SquaresOf(i, landing_threads);
+#else
         squares[i] = SquaresOf(i, landing_threads);
+#endif
         if (Tracer* tracer = rt->tracer()) tracer->Record(kNormTrack, p.name, start, Clock::now());
         if (overlap == Overlap::kBackward) {
           updater.Push(i);
@@ -312,7 +320,7 @@ struct OffloadEngine::Impl : public ParamSink {
     in_update = true;
     job_result =
         state->Step(job_grads, job_base, 1.0f, static_cast<float>(config.gradient_clipping), this,
-                    job_order, gpu_norm ? &job_norm : nullptr);
+                    job_order, gpu_squares ? &job_norm : nullptr);
     in_update = false;
     job_stats = state->last_step();
     update_done.store(true);
@@ -619,15 +627,17 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
       }
     }
   }
-  e.pieces_to_worker = e.gpu && (e.accumulation > 1 || e.overlap != Overlap::kDelayed);
-  e.norm_on_landing = e.gpu && e.overlap == Overlap::kNone;
+  e.gpu_squares = e.gpu && e.accumulation == 1;
+  e.norm_on_landing = e.gpu && e.accumulation > 1 && e.overlap == Overlap::kNone;
+  e.pieces_to_worker = e.gpu && (e.accumulation > 1 || e.overlap == Overlap::kBackward);
   if (e.gpu && e.accumulation > 1) {
     e.summed = std::make_unique<std::atomic<uint64_t>[]>(e.params.size());
     for (size_t i = 0; i < e.params.size(); ++i) e.summed[i].store(0);
   }
-  e.gpu_norm = e.gpu && e.accumulation == 1 && e.overlap == Overlap::kDelayed;
-  if (e.overlap == Overlap::kBackward || e.norm_on_landing) {
+  if (e.overlap == Overlap::kBackward || e.norm_on_landing || e.gpu_squares) {
     e.squares.resize(e.params.size());
+  }
+  if (e.overlap == Overlap::kBackward || e.norm_on_landing) {
     e.landed_bytes.resize(e.params.size());
   }
   // A quarter of the update's threads: backward's own thread keeps its core.
@@ -647,9 +657,10 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
     if (e.pieces_to_worker) {
       landed = [&e](internal::DevicePath::Piece piece) { e.worker.Push(piece); };
     }
-    ZO_ASSIGN_OR_RETURN(e.device, internal::DevicePath::Create(
-                                      *e.rt, bucket, e.options.staging_slots,
-                                      e.state->chunk_elements() * widest, std::move(landed)));
+    ZO_ASSIGN_OR_RETURN(
+        e.device, internal::DevicePath::Create(
+                      *e.rt, bucket, e.options.staging_slots, e.state->chunk_elements() * widest,
+                      std::move(landed), e.gpu_squares ? e.params.size() : 0));
   }
 #endif
   if (e.pieces_to_worker || e.overlap != Overlap::kNone) {
@@ -690,8 +701,9 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
   if (e.gpu) {
     const Future<>* upload = p->upload.valid() ? &p->upload : nullptr;
     if (e.accumulation == 1) {
+      const internal::DevicePath::SquaresTo squares{p->dtype, i};
       ZO_RETURN_IF_ERROR(e.device->Add(grad, p->bytes(), p->grads.data(), Impl::Tag(i, add, last),
-                                       stream, upload, e.gpu_norm ? &p->dtype : nullptr));
+                                       stream, upload, &squares));
     } else {
       // A new micro-batch lands where the last one did: the worker must have added it in.
       const uint64_t want = static_cast<uint64_t>(p->received) * p->bytes();
@@ -753,6 +765,11 @@ Result<EngineStepStats> OffloadEngine::Step() {
   }
 #endif
   e.AwaitWorker();  // accumulation, and the updates of the overlap modes
+#if ZO_HAVE_CUDA
+  if (e.gpu_squares && e.overlap != Overlap::kBackward) {  // backward's worker read them
+    for (size_t i = 0; i < e.params.size(); ++i) e.squares[i] = e.device->Squares(i);
+  }
+#endif
   stats.wait_grads_seconds = Since(start);
   if (tracer != nullptr) tracer->Record(kEngineTrack, "wait for gradients", start, Clock::now());
   const float scale = e.scaler.scale();
@@ -767,10 +784,11 @@ Result<EngineStepStats> OffloadEngine::Step() {
       for (size_t i = 0; i < e.params.size(); ++i) {
         grads.push_back(e.GradsOf(i, &hypers[e.params[i].group]));
       }
-      const GradNorm landed = e.norm_on_landing ? NormOf(e.squares) : GradNorm{};
+      const bool known = e.gpu_squares || e.norm_on_landing;
+      const GradNorm landed = known ? NormOf(e.squares) : GradNorm{};
       auto result =
           e.state->Step(grads, base, scale, static_cast<float>(e.config.gradient_clipping), &e, {},
-                        e.norm_on_landing ? &landed : nullptr);
+                        known ? &landed : nullptr);
       ZO_RETURN_IF_ERROR(result.status().WithContext("Step"));
       e.scaler.Update(result->skipped);
       if (!result->skipped) ++e.steps;
@@ -815,13 +833,7 @@ Result<EngineStepStats> OffloadEngine::Step() {
         e.job_grads.push_back(e.GradsOf(i, &e.job_hypers[e.params[i].group]));
       }
       e.job_order = e.arrival;
-#if ZO_HAVE_CUDA
-      if (e.gpu_norm) {
-        auto norm = e.device->TakeNorm();
-        ZO_RETURN_IF_ERROR(norm.status().WithContext("Step: the gradient norm"));
-        e.job_norm = *norm;
-      }
-#endif
+      if (e.gpu_squares) e.job_norm = NormOf(e.squares);
       ++e.launched;
       for (Impl::Param& p : e.params) p.pending = true;
       e.update_done.store(false);

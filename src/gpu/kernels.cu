@@ -197,7 +197,8 @@ struct NormLaunch {
   const void* data[kNormTensorsPerLaunch];
   size_t n[kNormTensorsPerLaunch];
   int count;
-  bool accumulate;  // add to the result of the previous launch
+  bool accumulate;       // add to the result of the previous launch
+  DeviceGradNorm* copy;  // the result goes here too (null: nowhere)
 };
 
 // Workspace layout: the result, the finished-block counter, then per-block partials.
@@ -265,6 +266,7 @@ __global__ void __launch_bounds__(kThreads) NormKernel(const NormLaunch launch, 
       s->result.sum_squares = total;
       s->result.nonfinite = total_bad;
     }
+    if (launch.copy != nullptr) *launch.copy = s->result;
     s->blocks_done = 0;  // ready for the next launch
   }
 }
@@ -415,7 +417,8 @@ Result<GradNorm> GradNormWorkspace::Read(cudaStream_t stream) const {
 }
 
 Status MultiTensorGradNorm(std::span<const DeviceSpan> tensors, DType dtype,
-                           GradNormWorkspace& workspace, cudaStream_t stream, bool accumulate) {
+                           GradNormWorkspace& workspace, cudaStream_t stream, bool accumulate,
+                           DeviceGradNorm* copy) {
   auto* scratch = static_cast<NormScratch*>(workspace.buffer_.data());
   size_t first = 0;
   do {  // at least one launch, so an empty list gives a zero norm
@@ -429,6 +432,7 @@ Status MultiTensorGradNorm(std::span<const DeviceSpan> tensors, DType dtype,
       ++launch.count;
       ++first;
     }
+    if (first == tensors.size()) launch.copy = copy;
     ZO_ASSIGN_OR_RETURN(const int grid, GridFor(items, kMaxNormBlocks));
     switch (dtype) {
       case DType::kFp32:

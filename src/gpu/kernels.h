@@ -51,18 +51,19 @@ class GradNormWorkspace {
 
  private:
   friend Status MultiTensorGradNorm(std::span<const DeviceSpan>, DType, GradNormWorkspace&,
-                                    cudaStream_t, bool);
+                                    cudaStream_t, bool, DeviceGradNorm*);
   explicit GradNormWorkspace(DeviceBuffer buffer) : buffer_(std::move(buffer)) {}
   DeviceBuffer buffer_;
 };
 
 /// Sum of squares (float64) and inf/NaN count over every element of `tensors` (all of
 /// `dtype`), into workspace.result(), or, with `accumulate`, added to what the workspace's
-/// launches before this one (on the same stream, or ordered before it) left there. One launch
-/// per 512 tensors; deterministic (fixed grid, fixed reduction order).
+/// launches before this one (on the same stream, or ordered before it) left there; with
+/// `copy` (device memory) the result is also written there. One launch per 512 tensors;
+/// deterministic (fixed grid, fixed reduction order).
 Status MultiTensorGradNorm(std::span<const DeviceSpan> tensors, DType dtype,
                            GradNormWorkspace& workspace, cudaStream_t stream,
-                           bool accumulate = false);
+                           bool accumulate = false, DeviceGradNorm* copy = nullptr);
 
 /// One parameter tensor of the GPU Adam: fp32 master, fp32 m and v, gradients of the step's
 /// grad dtype, optional low-precision copy of the updated parameters (device memory).

@@ -74,9 +74,10 @@ struct Reference {
   }
 
   // `sums`: the gradients as the step sees them (bf16 bits when `bf16`, else fp32 sums).
+  // `norm`: the norm to clip with, when not the CPU's (the GPU's, checked against float64).
   bool Step(int step, const std::vector<std::vector<uint16_t>>& bf16,
             const std::vector<std::vector<float>>& sums, bool use_bf16, float loss_scale,
-            float clip) {
+            float clip, const double* norm_used = nullptr) {
     std::vector<AdamShard> shards(kSizes.size());
     for (size_t i = 0; i < kSizes.size(); ++i) {
       AdamShard& s = shards[i];
@@ -94,7 +95,8 @@ struct Reference {
     if (!norm.finite) return false;
     double grad_norm;
     float clip_coef;
-    const float grad_scale = ClipAndUnscale(norm.l2, loss_scale, clip, &grad_norm, &clip_coef);
+    const float grad_scale = ClipAndUnscale(norm_used != nullptr ? *norm_used : norm.l2, loss_scale,
+                                            clip, &grad_norm, &clip_coef);
     const std::vector<ParamGroup> groups = Groups();
     double sumsq = 0;
     for (size_t i = 0; i < kSizes.size(); ++i) {
@@ -104,6 +106,9 @@ struct Reference {
       }
     }
     const double norm64 = std::sqrt(sumsq) / loss_scale;
+    if (norm_used != nullptr) {
+      EXPECT_NEAR(*norm_used / loss_scale, norm64, 1e-12 * norm64);
+    }
     const double coef64 = clip > 0 && norm64 > clip ? clip / (norm64 + 1e-6) : 1.0;
     for (size_t i = 0; i < kSizes.size(); ++i) {
       AdamHyper h;
@@ -530,7 +535,11 @@ TEST_P(EngineGpu, TrainingOnTheGpuIsBitIdenticalToInMemoryAdam) {
       EXPECT_FALSE(stats->skipped);
       EXPECT_EQ(stats->bytes_to_gpu, 2 * 18127u * 1);  // every parameter once
       EXPECT_EQ(stats->bytes_to_host, 2 * 18127u * static_cast<unsigned>(c.accumulation));
-      ASSERT_TRUE(ref.Step(step, last, sums, c.accumulation == 1, 1.0f, clip));
+      // Accumulation 1: the norm is made on the GPU (a float64 sum in its own order); the
+      // reference clips with it, and checks it against its float64 sum.
+      const double norm = stats->grad_norm;
+      ASSERT_TRUE(ref.Step(step, last, sums, c.accumulation == 1, 1.0f, clip,
+                           c.accumulation == 1 ? &norm : nullptr));
     }
     ASSERT_TRUE((*engine)->WaitParameters(stream).ok());
     CUDA_OK(cudaStreamSynchronize(stream));
@@ -1071,6 +1080,73 @@ TEST_F(EngineGpuOverlap, DelayedRunsOneStepBehindThenFlushes) {
 }
 using EngineGpuCheckpoint = EngineGpuOverlap;
 TEST_F(EngineGpuCheckpoint, ResumeMidRunIsBitIdentical) { ExpectResumeIsExact(true); }
+
+// On the GPU (accumulation 1) each gradient's squares are made there as it goes down: the
+// norms match the host's, made on the CPU, in every overlap mode.
+TEST_F(EngineGpuOverlap, GradientNormsMadeOnTheGpuMatchTheHost) {
+  for (const char* overlap : {"none", "backward", "delayed"}) {
+    SCOPED_TRACE(overlap);
+    const auto host = Train(OverlapConfig(1, overlap, 0), false);
+    const auto gpu = Train(OverlapConfig(1, overlap, 0), true);
+    ASSERT_EQ(gpu.norms.size(), host.norms.size());
+    for (size_t t = 0; t < host.norms.size(); ++t) {
+      EXPECT_NEAR(gpu.norms[t], host.norms[t], 1e-12 * host.norms[t]) << t;
+    }
+    EXPECT_GT(gpu.norms.back(), 0.0);
+  }
+}
+
+// An inf in one gradient, found on the GPU: the exact step is skipped and changes nothing;
+// overlap "backward" leaves that parameter out and names it.
+TEST_F(EngineGpuOverlap, InfInAGradientIsFoundOnTheGpu) {
+  for (const char* overlap : {"none", "backward"}) {
+    SCOPED_TRACE(overlap);
+    Model model(5);
+    std::vector<ParameterSpec> specs = model.Specs();
+    std::vector<void*> device(kSizes.size());
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      CUDA_OK(cudaMalloc(&device[i], 2 * kSizes[i]));
+      CUDA_OK(cudaMemcpy(device[i], model.params[i].data(), 2 * kSizes[i], cudaMemcpyHostToDevice));
+      specs[i].data = device[i];
+    }
+    void* grad = nullptr;
+    CUDA_OK(cudaMalloc(&grad, 2 * 13001));
+    {
+      EngineOptions eo;
+      eo.require_gpu = true;
+      eo.groups = Groups();
+      eo.chunk_elements = kChunk;
+      auto engine = OffloadEngine::Create(OverlapConfig(1, overlap, 0), specs, eo);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      auto grads = Grads(99);
+      grads[4][77] = 0x7F80;  // bf16 +inf
+      for (size_t i = kSizes.size(); i-- > 0;) {
+        CUDA_OK(cudaMemcpy(grad, grads[i].data(), 2 * kSizes[i], cudaMemcpyHostToDevice));
+        const Status s = (*engine)->GradientReady(Name(i), grad, kSizes[i], DType::kBf16, nullptr);
+        ASSERT_TRUE(s.ok()) << s;
+        CUDA_OK(cudaDeviceSynchronize());  // `grad` is reused
+      }
+      auto stats = (*engine)->Step();
+      if (std::string(overlap) == "none") {
+        ASSERT_TRUE(stats.ok()) << stats.status();
+        EXPECT_TRUE(stats->skipped);
+        EXPECT_EQ((*engine)->steps(), 0);
+      } else {
+        EXPECT_EQ(stats.status().code(), StatusCode::kDataLoss) << stats.status();
+        EXPECT_NE(stats.status().message().find("(1 parameters ('" + Name(4) + "')"),
+                  std::string::npos)
+            << stats.status();
+      }
+      // The parameter with the inf keeps its values.
+      std::vector<float> p(kSizes[4]);
+      std::vector<std::byte> m(AdamMomentBytes(StatePrecision::kFp32, kSizes[4])), v(m.size());
+      ASSERT_TRUE((*engine)->ReadState(Name(4), p.data(), m.data(), v.data()).ok());
+      for (uint64_t j = 0; j < kSizes[4]; ++j) ASSERT_EQ(p[j], FromBf16(model.params[4][j])) << j;
+    }
+    for (void* d : device) CUDA_OK(cudaFree(d));
+    CUDA_OK(cudaFree(grad));
+  }
+}
 #endif  // ZO_HAVE_CUDA
 
 }  // namespace

@@ -140,11 +140,19 @@ TEST(GpuNormTest, MultiTensorNormMatchesFloat64AndFindsInfNan) {
     ASSERT_TRUE(norm.ok()) << norm.status();
     EXPECT_TRUE(norm->finite);
     EXPECT_NEAR(norm->l2 * norm->l2, reference, reference * 1e-12) << ToString(dtype);
-    // Deterministic: the same bits again.
-    ASSERT_TRUE(gpu::MultiTensorGradNorm(spans, dtype, *workspace, nullptr).ok());
+    // Deterministic: the same bits again, also in the copy asked for (poisoned first).
+    DeviceBuffer copy = ToDevice(std::vector<uint32_t>(4, 0xFFFFFFFFu));
+    ASSERT_TRUE(gpu::MultiTensorGradNorm(spans, dtype, *workspace, nullptr, false,
+                                         copy.as<gpu::DeviceGradNorm>())
+                    .ok());
     auto again = workspace->Read(nullptr);
     ASSERT_TRUE(again.ok());
     EXPECT_EQ(std::bit_cast<uint64_t>(again->l2), std::bit_cast<uint64_t>(norm->l2));
+    gpu::DeviceGradNorm copied{};
+    ZO_ASSERT_CUDA(cudaMemcpy(&copied, copy.data(), sizeof(copied), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::bit_cast<uint64_t>(std::sqrt(copied.sum_squares)),
+              std::bit_cast<uint64_t>(norm->l2));
+    EXPECT_EQ(copied.nonfinite, 0u);
     // Tensor by tensor, each launch adding to the last (the engine's per-gradient norm).
     for (size_t t = 0; t < spans.size(); ++t) {
       ASSERT_TRUE(gpu::MultiTensorGradNorm({&spans[t], 1}, dtype, *workspace, nullptr, t > 0).ok());
