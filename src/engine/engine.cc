@@ -176,7 +176,7 @@ struct OffloadEngine::Impl : public ParamSink {
   // (DevicePath item 5): the host has no norm pass in any overlap mode.
   bool gpu_squares = false;
   bool norm_on_landing = false;  // overlap "none" on the GPU, accumulation > 1: the sums' squares
-  int landing_threads = 1;       // for those, and for overlap "backward"'s on the host
+  int landing_threads = 1;       // for those, and overlap "backward"'s where the GPU makes none
   // Overlap "backward": the updater thread takes each parameter once the worker has checked
   // its gradient (its norm part, inf/NaN before anything is written), in that order, and
   // updates it (the upload of each chunk follows at once), while the worker checks the next.
