@@ -4,9 +4,10 @@
 
 Per step: the span of gradient hand-overs (GradientReady calls: the backward as the engine sees
 it), the update time spent on the updater thread before the last hand-over and after it, how
-long Step waited, and the delay from each parameter's hand-over to the start of its update
-(overlap "backward"); then, under backward, when the first update started, how long the updater
-stood idle between updates, and the worker's time on norm parts (its check before each update).
+long Step waited, the delay from each parameter's hand-over to the start of its update
+(overlap "backward"), and how busy the Adam threads were after backward; then, under backward,
+when the first update started, how long the updater stood idle between updates, and the
+worker's time on norm parts (its check before each update).
 For ZeRO (a "zero" track): per step, the time blocked in parameter gathers.
 Usage: tools/trace_overlap.py TRACE.json
 """
@@ -46,6 +47,12 @@ def main(path):
         delays = [(start_of[e["name"]] - (e["ts"] + e["dur"])) / 1e6 for e in h
                   if e["name"] in start_of]
         busy = sum(e["dur"] for e in adam if first <= e["ts"] < last) / 1e6
+        # After backward the updates have the cores: a slow step shows here as threads that
+        # took no tiles, or as busy time spread over a longer wall time.
+        end = step_start + wait["dur"]
+        tail = [e for t, s in spans.items() if t.startswith("adam thread") for e in s
+                if last <= e["ts"] < end]
+        tail_threads = {e["tid"] for e in tail}
         print(f"step {k + 1}: hand-overs over {(last - first) / 1e6:.3f} s, "
               f"{sum(e['dur'] for e in h) / 1e6:.3f} s in GradientReady; updates {before:.3f} s "
               f"before the last hand-over, {after:.3f} s after; Step waited "
@@ -53,6 +60,10 @@ def main(path):
               f"backward" + (f"; hand-over to update start: median "
                              f"{statistics.median(delays):.3f} s, max {max(delays):.3f} s"
                              if delays else ""))
+        if tail_threads and after > 0:
+            print(f"  after backward: {len(tail_threads)} Adam threads busy "
+                  f"{sum(e['dur'] for e in tail) / 1e6:.3f} thread-s in {after:.3f} s of updates "
+                  f"({sum(e['dur'] for e in tail) / 1e6 / (after * len(tail_threads)):.0%} each)")
         under = [e for e in u if e["ts"] < last]
         if under:
             idle = (last - under[0]["ts"]) / 1e6 - before
