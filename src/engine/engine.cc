@@ -48,10 +48,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kEngineTrack = "engine";
-constexpr const char* kHandOverTrack = "gradients handed over";  // GradientReady calls
-constexpr const char* kWorkerTrack = "updates during backward";  // overlap "backward"
-constexpr const char* kNormTrack =
-    "gradient norms as they land";  // overlap "none" (GPU), "backward"
+constexpr const char* kHandOverTrack = "gradients handed over";    // GradientReady calls
+constexpr const char* kWorkerTrack = "updates during backward";    // overlap "backward"
+constexpr const char* kNormTrack = "gradient norms as they land";  // the worker's norm parts
 
 double Since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -163,10 +162,11 @@ struct OffloadEngine::Impl : public ParamSink {
   // The worker thread, when there is work for it: items come from this thread (a gradient
   // piece as its D2H is enqueued: the worker waits for it to land) and are handled in order:
   // - a landed gradient piece (GPU, accumulation > 1): added into the fp32 sums;
-  // - once a parameter's last gradient of the window is all on the host: its norm part (made
-  //   on the GPU with accumulation 1, else here with a few threads while backward runs), for
-  //   overlap "none" on the GPU, so that Step has no norm pass left, and overlap "backward",
-  //   which then hands the parameter to the updater;
+  // - once a parameter's last gradient of the window is all on the host, for overlap
+  //   "backward" (which then hands the parameter to the updater) and for overlap "none" on
+  //   the GPU with accumulation > 1 (so that Step has no norm pass left): its norm part, read
+  //   from the GPU's squares with accumulation 1, else made here with a few threads while
+  //   backward runs;
   // - overlap "delayed": the step's whole update (kRunUpdate).
   using Item = internal::DevicePath::Piece;
   static constexpr uint32_t kRunUpdate = UINT32_MAX;
