@@ -267,9 +267,8 @@ def drive(args):
 
 
 def median_step(r):
-    """The median of the steps the mean is taken over (steps 3 on): one slow step shows."""
-    timed = r["steps"][2:] or r["steps"]
-    return statistics.median(s["seconds"] for s in timed)
+    """The median of the steps the mean is taken over: one slow step shows."""
+    return statistics.median(s["seconds"] for s in ft.timed_steps(r["steps"]))
 
 
 def report(args, results):
@@ -286,7 +285,7 @@ def report(args, results):
                      f"{r['gpu_peak_gib']:.1f} | {r['host_peak_gib']:.1f} | {losses} |")
     print("\n".join(lines))
     for r in results:  # parameter offload: how much of the copies the compute did not wait for
-        timed = [s for s in r.get("steps", [])[2:] if s.get("parameter_copy_seconds")]
+        timed = [s for s in ft.timed_steps(r.get("steps", [])) if s.get("parameter_copy_seconds")]
         if timed:
             copy = sum(s["parameter_copy_seconds"] for s in timed) / len(timed)
             exposed = sum(s["parameter_copy_exposed_seconds"] for s in timed) / len(timed)
@@ -296,7 +295,8 @@ def report(args, results):
     bounds = {}
     z = by.get("zoffload:none:fp32")
     if fb and z:
-        adam = sum(s["adam_seconds"] for s in z["steps"][2:]) / max(1, len(z["steps"][2:]))
+        timed = ft.timed_steps(z["steps"])
+        adam = sum(s["adam_seconds"] for s in timed) / len(timed)
         fwd_bwd = fb["seconds_per_step"]
         bounds = {"fwd_bwd": fwd_bwd, "cpu_adam": adam,
                   "none": fwd_bwd + adam, "delayed": max(fwd_bwd, adam)}

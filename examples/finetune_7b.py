@@ -104,6 +104,11 @@ def host_rss_gib():
     return 0.0
 
 
+def timed_steps(rows):
+    """The steps a system's s/step is taken over: from step 3 on (steps 1-2 warm up)."""
+    return rows[2:] or rows
+
+
 class Meter:
     """Per-step figures: time, tokens/s, loss, GPU peak (torch's + `extra_gpu`), host RSS."""
 
@@ -130,7 +135,7 @@ class Meter:
               f"host RSS {row['host_rss_gib']:.1f} GiB", flush=True)
 
     def summary(self, **extra):
-        timed = self.rows[2:] or self.rows
+        timed = timed_steps(self.rows)
         mean = sum(r["seconds"] for r in timed) / len(timed)
         out = {"system": self.name, "seconds_per_step": mean,
                "tokens_per_s": self.args.batch * self.args.seq * self.args.accumulation / mean,

@@ -50,9 +50,9 @@ def main(path):
         # After backward the updates have the cores: a slow step shows here as threads that
         # took no tiles, or as busy time spread over a longer wall time.
         end = step_start + wait["dur"]
-        tail = [e for t, s in spans.items() if t.startswith("adam thread") for e in s
-                if last <= e["ts"] < end]
+        tail = [e for e in adam if last <= e["ts"] < end]
         tail_threads = {e["tid"] for e in tail}
+        tail_busy = sum(e["dur"] for e in tail) / 1e6
         print(f"step {k + 1}: hand-overs over {(last - first) / 1e6:.3f} s, "
               f"{sum(e['dur'] for e in h) / 1e6:.3f} s in GradientReady; updates {before:.3f} s "
               f"before the last hand-over, {after:.3f} s after; Step waited "
@@ -61,9 +61,9 @@ def main(path):
                              f"{statistics.median(delays):.3f} s, max {max(delays):.3f} s"
                              if delays else ""))
         if tail_threads and after > 0:
-            print(f"  after backward: {len(tail_threads)} Adam threads busy "
-                  f"{sum(e['dur'] for e in tail) / 1e6:.3f} thread-s in {after:.3f} s of updates "
-                  f"({sum(e['dur'] for e in tail) / 1e6 / (after * len(tail_threads)):.0%} each)")
+            print(f"  after backward: {len(tail_threads)} Adam threads busy {tail_busy:.3f} "
+                  f"thread-s in {after:.3f} s of updates "
+                  f"({tail_busy / (after * len(tail_threads)):.0%} each)")
         under = [e for e in u if e["ts"] < last]
         if under:
             idle = (last - under[0]["ts"]) / 1e6 - before
