@@ -1082,7 +1082,10 @@ using EngineGpuCheckpoint = EngineGpuOverlap;
 TEST_F(EngineGpuCheckpoint, ResumeMidRunIsBitIdentical) { ExpectResumeIsExact(true); }
 
 // On the GPU (accumulation 1) each gradient's squares are made there as it goes down: the
-// norms match the host's, made on the CPU, in every overlap mode.
+// norms match the host's, made on the CPU, in every overlap mode. The host adds runs of 16
+// vectors in fp32 before its float64 total (~1e-8 relative off float64, as the delayed test
+// above allows 1e-6 for); the GPU's own norm is checked against float64 to 1e-12 in
+// EngineGpu.TrainingOnTheGpuIsBitIdenticalToInMemoryAdam.
 TEST_F(EngineGpuOverlap, GradientNormsMadeOnTheGpuMatchTheHost) {
   for (const char* overlap : {"none", "backward", "delayed"}) {
     SCOPED_TRACE(overlap);
@@ -1090,7 +1093,7 @@ TEST_F(EngineGpuOverlap, GradientNormsMadeOnTheGpuMatchTheHost) {
     const auto gpu = Train(OverlapConfig(1, overlap, 0), true);
     ASSERT_EQ(gpu.norms.size(), host.norms.size());
     for (size_t t = 0; t < host.norms.size(); ++t) {
-      EXPECT_NEAR(gpu.norms[t], host.norms[t], 1e-12 * host.norms[t]) << t;
+      EXPECT_NEAR(gpu.norms[t], host.norms[t], 1e-6 * host.norms[t]) << t;
     }
     EXPECT_GT(gpu.norms.back(), 0.0);
   }
@@ -1133,7 +1136,7 @@ TEST_F(EngineGpuOverlap, InfInAGradientIsFoundOnTheGpu) {
         EXPECT_EQ((*engine)->steps(), 0);
       } else {
         EXPECT_EQ(stats.status().code(), StatusCode::kDataLoss) << stats.status();
-        EXPECT_NE(stats.status().message().find("(1 parameters ('" + Name(4) + "')"),
+        EXPECT_NE(stats.status().message().find("of 1 parameters ('" + Name(4) + "')"),
                   std::string::npos)
             << stats.status();
       }
