@@ -32,8 +32,11 @@ CudaEvent& CudaEvent::operator=(CudaEvent&& other) noexcept {
 
 Result<CudaEvent> CudaEvent::Create(bool timing) {
   cudaEvent_t event = nullptr;
-  ZO_CUDA_RETURN_IF_ERROR(
-      cudaEventCreateWithFlags(&event, timing ? cudaEventDefault : cudaEventDisableTiming));
+  // Blocking sync: a thread waiting here sleeps instead of spinning on a core (the driver's
+  // default with one context), which CPU Adam needs while the copies go on.
+  const unsigned flags =
+      (timing ? cudaEventDefault : cudaEventDisableTiming) | cudaEventBlockingSync;
+  ZO_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, flags));
   return CudaEvent(event);
 }
 

@@ -32,7 +32,7 @@ class CudaEvent {
   Status Record(cudaStream_t stream);
   /// True once the work before the last Record has finished; errors of that work surface.
   Result<bool> Done() const;
-  /// Blocks the calling thread until the recorded work has finished.
+  /// Blocks the calling thread (asleep, not spinning) until the recorded work has finished.
   Status Synchronize() const;
   /// Milliseconds between two timing events, both recorded and finished.
   static Result<float> ElapsedMs(const CudaEvent& start, const CudaEvent& end);
