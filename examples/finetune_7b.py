@@ -150,12 +150,15 @@ class Meter:
 
 
 def forward_backward(model, tokens, accumulation):
-    """One step's forward and backward passes; the mean loss."""
-    total = 0.0
+    """One step's forward and backward passes; the mean loss, as a GPU tensor. Reading it
+    (.item()) waits for the GPU, with torch's default a thread spinning on a core: the caller
+    reads it after the optimizer step, so that nothing spins while the update runs under
+    backward."""
+    total = None
     for _ in range(accumulation):
         loss = model(input_ids=tokens, labels=tokens).loss / accumulation
         loss.backward()
-        total += loss.item()
+        total = loss.detach() if total is None else total + loss.detach()
     return total
 
 
@@ -192,7 +195,8 @@ def measure(args, name, model, tokens, step, extra_gpu=0):
     for _ in range(args.steps):
         meter.begin()
         loss = forward_backward(model, tokens, args.accumulation)
-        meter.end(loss, **(step() or {}))
+        extra = step() or {}
+        meter.end(loss.item(), **extra)
     return meter
 
 
