@@ -6,9 +6,8 @@ Per step: the span of gradient hand-overs (GradientReady calls: the backward as 
 it), the update time spent on the updater thread before the last hand-over and after it, how
 long Step waited, the delay from each parameter's hand-over to the start of its update
 (overlap "backward"), and how busy the Adam threads were after backward (every update, under
-"none"); then, under backward,
-when the first update started, how long the updater stood idle between updates, and the
-worker's time on norm parts (its check before each update).
+"none"); then, under backward, when the first update started, how long the updater stood idle
+between updates, and the worker's time on norm parts (its check before each update).
 For ZeRO (a "zero" track): per step, the time blocked in parameter gathers.
 Usage: tools/trace_overlap.py TRACE.json
 """
@@ -55,10 +54,6 @@ def main(path):
         end = next((e["ts"] + e["dur"] for e in step_updates if e["ts"] >= step_start),
                    step_start + wait["dur"])
         tail = [e for e in adam if last <= e["ts"] < end]
-        tail_threads = {e["tid"] for e in tail}
-        tail_busy = sum(e["dur"] for e in tail) / 1e6
-        tail_wall = (max(e["ts"] + e["dur"] for e in tail) - min(e["ts"] for e in tail)) / 1e6 \
-            if tail else 0
         print(f"step {k + 1}: hand-overs over {(last - first) / 1e6:.3f} s, "
               f"{sum(e['dur'] for e in h) / 1e6:.3f} s in GradientReady; updates {before:.3f} s "
               f"before the last hand-over, {after:.3f} s after; Step waited "
@@ -66,10 +61,12 @@ def main(path):
               f"backward" + (f"; hand-over to update start: median "
                              f"{statistics.median(delays):.3f} s, max {max(delays):.3f} s"
                              if delays else ""))
-        if tail_threads and tail_wall > 0:
-            print(f"  after backward: {len(tail_threads)} Adam threads busy {tail_busy:.3f} "
-                  f"thread-s in {tail_wall:.3f} s of updates "
-                  f"({tail_busy / (tail_wall * len(tail_threads)):.0%} each)")
+        if tail:
+            threads = len({e["tid"] for e in tail})
+            tail_busy = sum(e["dur"] for e in tail) / 1e6
+            wall = (max(e["ts"] + e["dur"] for e in tail) - min(e["ts"] for e in tail)) / 1e6
+            print(f"  after backward: {threads} Adam threads busy {tail_busy:.3f} thread-s in "
+                  f"{wall:.3f} s of updates ({tail_busy / (wall * threads):.0%} each)")
         under = [e for e in u if e["ts"] < last]
         if under:
             idle = (last - under[0]["ts"]) / 1e6 - before

@@ -65,7 +65,7 @@ constexpr size_t kMinTile = 4096;
 // other 14 took 17 and then waited, 5 % of every chunk's pass.
 size_t BalancedTile(size_t n, int threads) {
   const size_t round = static_cast<size_t>(threads) * kTile;
-  const size_t tiles = static_cast<size_t>(threads) * ((n + round - 1) / round);
+  const size_t tiles = static_cast<size_t>(threads) * std::max<size_t>(1, (n + round - 1) / round);
   return std::max(kMinTile, internal::RoundUp((n + tiles - 1) / tiles, kInt8StateBlock));
 }
 
