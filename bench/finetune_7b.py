@@ -16,9 +16,10 @@ Systems (--systems, comma-separated; default: all):
                  no fp32 master (labelled so: not lossless)
   deepspeed_z2   DeepSpeed ZeRO-2 + offload_optimizer cpu (pin_memory, overlap_comm)
   deepspeed_z3   DeepSpeed ZeRO-3 + offload_param/offload_optimizer cpu, zero.Init
-  zoffload:OVERLAP:STATE[:tN][:params[:nopf][:pnvme]][:nvmeR]   e.g. zoffload:none:fp32,
+  zoffload:OVERLAP:STATE[:tN][:cN][:params[:nopf][:pnvme]][:nvmeR]   e.g. zoffload:none:fp32,
                  zoffload:delayed:bf16; tN: N CPU Adam threads (default: all cores, one fewer
-                 with overlap); params: stage 3 with offload_param cpu (the parameters in host
+                 with overlap); cN: N elements per chunk of the CPU update (e.g. c16M;
+                 zoffload.update_chunk_elements); params: stage 3 with offload_param cpu (the parameters in host
                  memory, fetched per module: models bigger than the GPU); nopf: without
                  prefetch (each module's copy starts at its use: the fetch time that prefetch
                  hides); pnvme: the parameters' values on NVMe (offload_param nvme); nvmeR:
@@ -204,6 +205,8 @@ def run_zoffload(args, name):
         args.threads = int(threads[0].lstrip("t"))
     else:
         args.threads = 0 if args.overlap == "none" else max(1, (os.cpu_count() or 2) - 1)
+    chunk = [r for r in rest if r.startswith("c")]
+    args.chunk = chunk[0][1:] if chunk else "0"
     args.trace = os.path.join(os.path.dirname(os.path.abspath(args.json)),
                               name.replace(":", "_") + "_trace.json") if args.trace else ""
     return ft.run_zoffload(args, name)

@@ -183,6 +183,7 @@ def zoffload_config(args):
         "zero_optimization": zero,
         "zoffload": {"overlap": args.overlap, "optimizer_state": args.state,
                      "delayed_warmup_steps": 1, "cpu_adam_threads": args.threads,
+                     "update_chunk_elements": getattr(args, "chunk", "0"),
                      "trace_path": getattr(args, "trace", "")},
     }
 
@@ -219,7 +220,8 @@ def run_zoffload(args, name=""):
         # With --offload-param also the parameter copies' GPU time and the part of it that the
         # compute waited for.
         return {k: s[k] for k in ("adam_seconds", "wait_grads_seconds", "update_seconds",
-                                  "parameter_copy_seconds", "parameter_copy_exposed_seconds")
+                                  "upload_wait_seconds", "parameter_copy_seconds",
+                                  "parameter_copy_exposed_seconds")
                 if k in s}
 
     default_name = f"zoffload:{args.overlap}:{args.state}" + (
@@ -237,6 +239,9 @@ def main():
     ap.add_argument("--state", default="fp32", choices=["fp32", "bf16", "int8"],
                     help="precision of Adam's moments (the masters are fp32 always)")
     ap.add_argument("--threads", type=int, default=0, help="CPU Adam threads (0: physical cores)")
+    ap.add_argument("--chunk", default="0",
+                    help="elements per chunk of the CPU update, e.g. 16M (zoffload."
+                         "update_chunk_elements; 0: the default)")
     ap.add_argument("--trace", default="",
                     help="write the engine's timeline here (Perfetto; tools/trace_overlap.py)")
     ap.add_argument("--offload-param", action="store_true",

@@ -6,7 +6,8 @@ Per step: the span of gradient hand-overs (GradientReady calls: the backward as 
 it), the update time spent on the updater thread before the last hand-over and after it, how
 long Step waited, the delay from each parameter's hand-over to the start of its update
 (overlap "backward"), and how busy the Adam threads were after backward (every update, under
-"none"); then, under backward, when the first update started, how long the updater stood idle
+"none"); the Adam passes (one per chunk) under and after backward, and the updater's time
+outside them (starting each chunk's upload, waiting for a staging slot); then, under backward, when the first update started, how long the updater stood idle
 between updates, and the worker's time on norm parts (its check before each update).
 For ZeRO (a "zero" track): per step, the time blocked in parameter gathers.
 Usage: tools/trace_overlap.py TRACE.json
@@ -31,6 +32,7 @@ def main(path):
     updates = spans.get("updates during backward", [])
     adam = [e for t, s in spans.items() if t.startswith("adam thread") for e in s]
     norms = spans.get("gradient norms as they land", [])
+    passes = [e for e in spans.get("step", []) if e["name"].startswith("adam ")]
     print(f"{path}: {len(waits)} steps, {len(handed)} hand-overs, {len(updates)} updates "
           f"on the updater")
     begin = 0
@@ -51,8 +53,8 @@ def main(path):
         # After backward the updates have the cores (under "none" all of them run then, in
         # Step's update): a slow step shows here as threads that took no tiles, or as busy time
         # spread over a longer wall time.
-        end = next((e["ts"] + e["dur"] for e in step_updates if e["ts"] >= step_start),
-                   step_start + wait["dur"])
+        update = next((e for e in step_updates if e["ts"] >= step_start), None)
+        end = update["ts"] + update["dur"] if update else step_start + wait["dur"]
         tail = [e for e in adam if last <= e["ts"] < end]
         print(f"step {k + 1}: hand-overs over {(last - first) / 1e6:.3f} s, "
               f"{sum(e['dur'] for e in h) / 1e6:.3f} s in GradientReady; updates {before:.3f} s "
@@ -67,6 +69,19 @@ def main(path):
             wall = (max(e["ts"] + e["dur"] for e in tail) - min(e["ts"] for e in tail)) / 1e6
             print(f"  after backward: {threads} Adam threads busy {tail_busy:.3f} thread-s in "
                   f"{wall:.3f} s of updates ({tail_busy / (wall * threads):.0%} each)")
+        # Each chunk is one pass of the Adam threads; between passes the updater starts the
+        # chunk's upload and takes the next staging slot, while the threads wait.
+        p_under = [e for e in passes if first <= e["ts"] < last]
+        p_after = [e for e in passes if last <= e["ts"] < end]
+        if p_under or p_after:
+            in_under = sum(e["dur"] for e in p_under) / 1e6
+            in_after = sum(e["dur"] for e in p_after) / 1e6
+            update_after = after if u else (update["dur"] / 1e6 if update else in_after)
+            print(f"  Adam passes: {len(p_under)} under backward ({in_under:.3f} s), "
+                  f"{len(p_after)} after ({in_after:.3f} s, mean "
+                  f"{1e3 * in_after / max(1, len(p_after)):.2f} ms); the updater outside them "
+                  f"{max(0.0, before - in_under):.3f} s under backward, "
+                  f"{max(0.0, update_after - in_after):.3f} s after")
         under = [e for e in u if e["ts"] < last]
         if under:
             idle = (last - under[0]["ts"]) / 1e6 - before

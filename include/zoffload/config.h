@@ -156,6 +156,9 @@ struct ZoffloadSection {
   StatePrecision optimizer_state = StatePrecision::kFp32;  ///< precision of Adam's m and v
   int cpu_adam_threads = 0;          ///< OpenMP threads of the CPU optimizer; 0 = physical cores
   bool cpu_adam_bind_cores = false;  ///< CPU optimizer thread k bound to physical core k
+  /// Elements per chunk of the CPU update (one OpenMP pass, one upload, one NVMe read and
+  /// write); 0 = by state precision (4M; int8 16M). A multiple of 256.
+  uint64_t update_chunk_elements = 0;
   std::string trace_path;            ///< when non-empty, a Chrome trace-event JSON is written here
   Overlap overlap = Overlap::kNone;  ///< "none", "backward" or "delayed"
   int delayed_warmup_steps = 0;      ///< with overlap "delayed": the first steps run exact; >= 0

@@ -89,9 +89,6 @@ struct EngineOptions {
   /// A context shared with other parts (must outlive the engine); null: the engine makes its
   /// own from the config (RuntimeOptions::FromConfig).
   RuntimeContext* context = nullptr;
-  /// Elements per chunk of the CPU update (and per upload); 0: the state's default (4M, int8
-  /// 16M). A multiple of 256.
-  uint64_t chunk_elements = 0;
   int staging_slots = 4;  ///< pinned upload buffers of one chunk each; >= 2
 };
 

@@ -165,6 +165,7 @@ void VisitStruct(V& v, ZoffloadSection& c) {
   v.Field("optimizer_state", c.optimizer_state);
   v.Field("cpu_adam_threads", c.cpu_adam_threads);
   v.Field("cpu_adam_bind_cores", c.cpu_adam_bind_cores);
+  v.Field("update_chunk_elements", c.update_chunk_elements);
   v.Field("trace_path", c.trace_path);
   v.Field("overlap", c.overlap);
   v.Field("delayed_warmup_steps", c.delayed_warmup_steps);
@@ -741,6 +742,10 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
   check.Require(zs.cpu_adam_threads >= 0 && zs.cpu_adam_threads <= 4096,
                 "zoffload.cpu_adam_threads",
                 StrCat("must be in [0, 4096] (0 = physical cores), got ", zs.cpu_adam_threads));
+  check.Require(zs.update_chunk_elements % 256 == 0 && zs.update_chunk_elements <= (1u << 30),
+                "zoffload.update_chunk_elements",
+                StrCat("must be a multiple of 256 in [0, 2^30] (0 = by state precision), got ",
+                       zs.update_chunk_elements));
   for (const auto& [dir, key] : {std::pair{&c.zero_optimization.offload_optimizer.nvme_path,
                                            "zero_optimization.offload_optimizer.nvme_path"},
                                  std::pair{&c.zero_optimization.offload_param.nvme_path,

@@ -527,7 +527,6 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
   Impl& e = *impl;
   e.config = config;
   ZO_ASSIGN_OR_RETURN(OptimizerStateOptions so, OptimizerStateOptions::FromConfig(config));
-  so.pipeline.chunk_elements = options.chunk_elements;
   if (options.staging_slots < 2) {
     return InvalidArgumentError(
         StrCat("engine: staging_slots must be at least 2, got ", options.staging_slots));

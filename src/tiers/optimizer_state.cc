@@ -75,6 +75,7 @@ Result<OptimizerStateOptions> OptimizerStateOptions::FromConfig(const Config& co
   o.pipeline.buffers = oo.buffer_count;
   o.pipeline.overlap_read = oo.pipeline_read;
   o.pipeline.overlap_write = oo.pipeline_write;
+  o.pipeline.chunk_elements = config.zoffload.update_chunk_elements;
   return o;
 }
 

@@ -37,7 +37,7 @@ constexpr const char* kEveryKey = R"({
   "zoffload": {"nvme_paths": ["/mnt/a", "/mnt/b"],
                "budgets": {"gpu_bytes": "20GiB", "pinned_host_bytes": 1073741824,
                            "host_bytes": "64G"},
-               "optimizer_state": "int8", "cpu_adam_threads": 12, "cpu_adam_bind_cores": true, "trace_path": "/tmp/trace.json"}
+               "optimizer_state": "int8", "cpu_adam_threads": 12, "cpu_adam_bind_cores": true, "update_chunk_elements": "16M", "trace_path": "/tmp/trace.json"}
 })";
 
 Result<Config> Parse(const std::string& text, int world_size = 1) {
@@ -131,6 +131,7 @@ TEST(ConfigTest, EveryKeyIsRead) {
   EXPECT_EQ(c.zoffload.optimizer_state, StatePrecision::kInt8);
   EXPECT_EQ(c.zoffload.trace_path, "/tmp/trace.json");
   EXPECT_EQ(c.zoffload.cpu_adam_threads, 12);
+  EXPECT_EQ(c.zoffload.update_chunk_elements, uint64_t{16} << 20);
   EXPECT_TRUE(c.zoffload.cpu_adam_bind_cores);
 }
 
@@ -367,6 +368,11 @@ TEST(ConfigTest, ImpossibleValuesAndCombinations) {
       {R"({"zoffload": {"nvme_paths": [""]}})", "zoffload.nvme_paths[0]: must not be empty"},
       {R"({"zoffload": {"cpu_adam_threads": -1}})",
        "zoffload.cpu_adam_threads: must be in [0, 4096]"},
+      {R"({"zoffload": {"update_chunk_elements": 1000}})",
+       "zoffload.update_chunk_elements: must be a multiple of 256 in [0, 2^30] (0 = by state "
+       "precision), got 1000"},
+      {R"({"zoffload": {"update_chunk_elements": "4G"}})",
+       "zoffload.update_chunk_elements: must be a multiple of 256 in [0, 2^30]"},
       {R"({"zoffload": {"budgets": {"gpu_bytes": 0}}})", "zoffload.budgets.gpu_bytes: must be > 0"},
       {R"({"zoffload": {"budgets": {"pinned_host_bytes": "0"}}})",
        "zoffload.budgets.pinned_host_bytes: must be > 0"},

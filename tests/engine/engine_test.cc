@@ -149,7 +149,6 @@ TEST_P(EngineTest, TrainingIsBitIdenticalToInMemoryAdam) {
   EngineOptions eo;
   eo.host_params = true;
   eo.groups = Groups();
-  eo.chunk_elements = kChunk;
   auto engine = OffloadEngine::Create(MakeConfig(c, dir.path()), model.Specs(), eo);
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_FALSE((*engine)->on_gpu());
@@ -232,7 +231,6 @@ TEST(EngineRestore, LoadStateContinuesBitIdentically) {
       EngineOptions eo;
       eo.host_params = true;
       eo.groups = Groups();
-      eo.chunk_elements = kChunk;
       auto a = OffloadEngine::Create(MakeConfig(c, dir_a.path()), a_model.Specs(), eo);
       auto b = OffloadEngine::Create(MakeConfig(c, dir_b.path()), b_model.Specs(), eo);
       ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
@@ -283,7 +281,9 @@ TEST(EngineFp16, OverflowSkipsTheStepAndHalvesTheScale) {
         "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
         "zero_optimization": {"stage": 2, "offload_optimizer": {"device": ")",
                                      device, R"(", "nvme_path": ")", dir.path(), R"("}},
-        "aio": {"block_size": 65536}, "zoffload": {"cpu_adam_threads": 2}})"));
+        "aio": {"block_size": 65536},
+        "zoffload": {"cpu_adam_threads": 2, "update_chunk_elements": )",
+                                     kChunk, "}}"));
     ASSERT_TRUE(config.ok()) << config.status();
     // fp16 parameters (bit patterns of small values).
     std::vector<std::vector<uint16_t>> params;
@@ -299,7 +299,6 @@ TEST(EngineFp16, OverflowSkipsTheStepAndHalvesTheScale) {
     }
     EngineOptions eo;
     eo.host_params = true;
-    eo.chunk_elements = kChunk;
     auto engine = OffloadEngine::Create(*config, specs, eo);
     ASSERT_TRUE(engine.ok()) << engine.status();
     EXPECT_EQ((*engine)->loss_scale(), 256.0f);
@@ -422,7 +421,6 @@ TEST(EngineTest, NvmeReadErrorFailsTheStepAndLeavesTheStateAsBefore) {
   ASSERT_TRUE(context.ok());
   EngineOptions eo;
   eo.host_params = true;
-  eo.chunk_elements = kChunk;
   eo.groups = Groups();
   eo.context = context->get();
   auto engine = OffloadEngine::Create(MakeConfig(c, dir.path()), model.Specs(), eo);
@@ -500,7 +498,6 @@ TEST_P(EngineGpu, TrainingOnTheGpuIsBitIdenticalToInMemoryAdam) {
   {
     EngineOptions eo;
     eo.groups = Groups();
-    eo.chunk_elements = kChunk;
     auto engine = OffloadEngine::Create(MakeConfig(c, dir.path()), specs, eo);
     ASSERT_TRUE(engine.ok()) << engine.status();
     ASSERT_TRUE((*engine)->on_gpu());
@@ -586,8 +583,9 @@ Config OverlapConfig(int accumulation, const std::string& overlap, int warmup) {
     "zero_optimization": {"stage": 2, "reduce_bucket_size": )",
                                    kBucketElements, R"(,
                           "offload_optimizer": {"device": "cpu"}},
-    "zoffload": {"cpu_adam_threads": 2, "overlap": ")",
-                                   overlap, R"(", "delayed_warmup_steps": )", warmup, "}}"));
+    "zoffload": {"cpu_adam_threads": 2, "update_chunk_elements": )",
+                                   kChunk, R"(, "overlap": ")", overlap,
+                                   R"(", "delayed_warmup_steps": )", warmup, "}}"));
   EXPECT_TRUE(config.ok()) << config.status();
   return *config;
 }
@@ -651,7 +649,6 @@ Run Train(const Config& config, bool gpu, const Resume* resume = nullptr) {
     eo.host_params = !gpu;
     eo.require_gpu = gpu;
     eo.groups = Groups();
-    eo.chunk_elements = kChunk;
     auto engine = OffloadEngine::Create(config, specs, eo);
     EXPECT_TRUE(engine.ok()) << engine.status();
     if (!engine.ok()) return run;
@@ -857,7 +854,6 @@ TEST(EngineOverlap, BackwardRefusesLateGroupChangesAndReportsInfGradients) {
   EngineOptions eo;
   eo.host_params = true;
   eo.groups = Groups();
-  eo.chunk_elements = kChunk;
   auto engine = OffloadEngine::Create(OverlapConfig(1, "backward", 0), model.Specs(), eo);
   ASSERT_TRUE(engine.ok()) << engine.status();
   auto grads = Grads(5);
@@ -1055,7 +1051,6 @@ TEST(EngineOverlap, DroppingTheEngineMidStepIsClean) {
     EngineOptions eo;
     eo.host_params = true;
     eo.groups = Groups();
-    eo.chunk_elements = kChunk;
     auto engine = OffloadEngine::Create(OverlapConfig(1, overlap, 0), model.Specs(), eo);
     ASSERT_TRUE(engine.ok()) << engine.status();
     RunSteps(**engine, 1, 1, 1);  // delayed: this update is still running
@@ -1118,7 +1113,6 @@ TEST_F(EngineGpuOverlap, InfInAGradientIsFoundOnTheGpu) {
       EngineOptions eo;
       eo.require_gpu = true;
       eo.groups = Groups();
-      eo.chunk_elements = kChunk;
       auto engine = OffloadEngine::Create(OverlapConfig(1, overlap, 0), specs, eo);
       ASSERT_TRUE(engine.ok()) << engine.status();
       auto grads = Grads(99);

@@ -66,7 +66,9 @@ inline Config MakeConfig(const Case& c, const std::string& dir) {
                                    ratio, R"(}},
     "aio": {"block_size": 65536},
     "zoffload": {"optimizer_state": ")",
-                                   ToString(c.state), R"(", "cpu_adam_threads": 2}
+                                   ToString(c.state), R"(", "cpu_adam_threads": 2,
+                 "update_chunk_elements": )",
+                                   kChunk, R"(}
   })"));
   EXPECT_TRUE(config.ok()) << config.status();
   return *config;
@@ -163,7 +165,6 @@ inline std::unique_ptr<OffloadEngine> HostEngine(const Case& c, const std::strin
   EngineOptions eo;
   eo.host_params = true;
   eo.groups = Groups();
-  eo.chunk_elements = kChunk;
   auto engine = OffloadEngine::Create(MakeConfig(c, dir), model.Specs(), eo);
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? std::move(*engine) : nullptr;

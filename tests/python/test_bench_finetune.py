@@ -44,15 +44,15 @@ def test_report_gives_each_mode_its_bound(tmp_path, capsys):
         assert (tmp_path / png).read_bytes().startswith(b"\x89PNG")
 
 
-def test_system_names_carry_thread_counts(monkeypatch):
+def test_system_names_carry_thread_counts_and_chunks(monkeypatch):
     bench = load_bench()
     args = types.SimpleNamespace(trace=False, json="x.json")
     seen = {}
     # Only the parsing of the name is under test here: the run itself is recorded, not made.
     monkeypatch.setattr(bench.ft, "run_zoffload", lambda a, name: seen.update(
-        threads=a.threads, overlap=a.overlap, state=a.state, name=name))
-    bench.run_zoffload(args, "zoffload:backward:fp32:t13")
-    assert seen == {"threads": 13, "overlap": "backward", "state": "fp32",
-                    "name": "zoffload:backward:fp32:t13"}
+        threads=a.threads, chunk=a.chunk, overlap=a.overlap, state=a.state, name=name))
+    bench.run_zoffload(args, "zoffload:backward:fp32:t13:c16M")
+    assert seen == {"threads": 13, "chunk": "16M", "overlap": "backward", "state": "fp32",
+                    "name": "zoffload:backward:fp32:t13:c16M"}
     bench.run_zoffload(args, "zoffload:none:int8")
-    assert seen["threads"] == 0 and seen["state"] == "int8"
+    assert seen["threads"] == 0 and seen["chunk"] == "0" and seen["state"] == "int8"
