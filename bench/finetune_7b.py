@@ -19,11 +19,12 @@ Systems (--systems, comma-separated; default: all):
   zoffload:OVERLAP:STATE[:tN][:cN][:params[:nopf][:pnvme]][:nvmeR]   e.g. zoffload:none:fp32,
                  zoffload:delayed:bf16; tN: N CPU Adam threads (default: all cores, one fewer
                  with overlap); cN: N elements per chunk of the CPU update (e.g. c16M;
-                 zoffload.update_chunk_elements); params: stage 3 with offload_param cpu (the parameters in host
-                 memory, fetched per module: models bigger than the GPU); nopf: without
-                 prefetch (each module's copy starts at its use: the fetch time that prefetch
-                 hides); pnvme: the parameters' values on NVMe (offload_param nvme); nvmeR:
-                 the share R of the optimizer state on NVMe (e.g. nvme0.2). NVMe is --nvme-dir.
+                 zoffload.update_chunk_elements); params: stage 3 with offload_param cpu (the
+                 parameters in host memory, fetched per module: models bigger than the GPU);
+                 nopf: without prefetch (each module's copy starts at its use: the fetch time
+                 that prefetch hides); pnvme: the parameters' values on NVMe (offload_param
+                 nvme); nvmeR: the share R of the optimizer state on NVMe (e.g. nvme0.2). NVMe
+                 is --nvme-dir.
 A system that fails (out of memory, killed, import error) is a result: its exit status and
 the last lines it printed are recorded.
 

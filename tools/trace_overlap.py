@@ -7,8 +7,9 @@ it), the update time spent on the updater thread before the last hand-over and a
 long Step waited, the delay from each parameter's hand-over to the start of its update
 (overlap "backward"), and how busy the Adam threads were after backward (every update, under
 "none"); the Adam passes (one per chunk) under and after backward, and the updater's time
-outside them (starting each chunk's upload, waiting for a staging slot); then, under backward, when the first update started, how long the updater stood idle
-between updates, and the worker's time on norm parts (its check before each update).
+outside them (starting each chunk's upload, waiting for a staging slot); then, under
+backward, when the first update started, how long the updater stood idle between updates,
+and the worker's time on norm parts (its check before each update).
 For ZeRO (a "zero" track): per step, the time blocked in parameter gathers.
 Usage: tools/trace_overlap.py TRACE.json
 """
@@ -63,10 +64,11 @@ def main(path):
               f"backward" + (f"; hand-over to update start: median "
                              f"{statistics.median(delays):.3f} s, max {max(delays):.3f} s"
                              if delays else ""))
-        if tail:
+        wall = (max(e["ts"] + e["dur"] for e in tail) - min(e["ts"] for e in tail)) / 1e6 \
+            if tail else 0
+        if wall > 0:
             threads = len({e["tid"] for e in tail})
             tail_busy = sum(e["dur"] for e in tail) / 1e6
-            wall = (max(e["ts"] + e["dur"] for e in tail) - min(e["ts"] for e in tail)) / 1e6
             print(f"  after backward: {threads} Adam threads busy {tail_busy:.3f} thread-s in "
                   f"{wall:.3f} s of updates ({tail_busy / (wall * threads):.0%} each)")
         # Each chunk is one pass of the Adam threads; between passes the updater starts the

@@ -23,6 +23,7 @@
 #include "common/errno_status.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "zoffload/cpu_adam.h"
 
 namespace zoffload {
 
@@ -742,10 +743,11 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
   check.Require(zs.cpu_adam_threads >= 0 && zs.cpu_adam_threads <= 4096,
                 "zoffload.cpu_adam_threads",
                 StrCat("must be in [0, 4096] (0 = physical cores), got ", zs.cpu_adam_threads));
-  check.Require(zs.update_chunk_elements % 256 == 0 && zs.update_chunk_elements <= (1u << 30),
+  check.Require(zs.update_chunk_elements % kInt8StateBlock == 0 &&
+                    zs.update_chunk_elements <= (uint64_t{1} << 30),
                 "zoffload.update_chunk_elements",
-                StrCat("must be a multiple of 256 in [0, 2^30] (0 = by state precision), got ",
-                       zs.update_chunk_elements));
+                StrCat("must be a multiple of ", kInt8StateBlock,
+                       " in [0, 2^30] (0 = by state precision), got ", zs.update_chunk_elements));
   for (const auto& [dir, key] : {std::pair{&c.zero_optimization.offload_optimizer.nvme_path,
                                            "zero_optimization.offload_optimizer.nvme_path"},
                                  std::pair{&c.zero_optimization.offload_param.nvme_path,

@@ -88,8 +88,8 @@ struct OptimizerStateOptions {
   /// From a config: offload_optimizer.device (cpu -> host, nvme -> nvme), ratio (nvme: the
   /// NVMe share; cpu: the share below 1 that stays on the GPU is the engine's, this object
   /// holds the host share), buffer_count, pipeline_read/pipeline_write,
-  /// zoffload.optimizer_state, cpu_adam_threads, update_chunk_elements. (NVMe paths are the runtime
-  /// context's; zoffload.cpu_adam_bind_cores is process-wide: SetCpuAdamCoreBinding.)
+  /// zoffload.optimizer_state, cpu_adam_threads, update_chunk_elements. (NVMe paths are the
+  /// runtime context's; zoffload.cpu_adam_bind_cores is process-wide: SetCpuAdamCoreBinding.)
   static Result<OptimizerStateOptions> FromConfig(const Config& config);
 };
 

@@ -37,7 +37,8 @@ constexpr const char* kEveryKey = R"({
   "zoffload": {"nvme_paths": ["/mnt/a", "/mnt/b"],
                "budgets": {"gpu_bytes": "20GiB", "pinned_host_bytes": 1073741824,
                            "host_bytes": "64G"},
-               "optimizer_state": "int8", "cpu_adam_threads": 12, "cpu_adam_bind_cores": true, "update_chunk_elements": "16M", "trace_path": "/tmp/trace.json"}
+               "optimizer_state": "int8", "cpu_adam_threads": 12, "cpu_adam_bind_cores": true,
+               "update_chunk_elements": "16M", "trace_path": "/tmp/trace.json"}
 })";
 
 Result<Config> Parse(const std::string& text, int world_size = 1) {
