@@ -50,7 +50,9 @@ struct AdamShard {
   void* v = nullptr;
   const void* grads = nullptr;
   DType grad_dtype = DType::kFp32;
-  void* param_copy = nullptr;  ///< bf16 bits or fp16 values, n of them, when copy != kNone
+  /// bf16 bits or fp16 values, n of them, when copy != kNone. May be `grads` itself when
+  /// those are 2-byte gradients: each element's gradient is read before its copy is written.
+  void* param_copy = nullptr;
   ParamCopy copy = ParamCopy::kNone;
   /// Index of params[0] within its whole tensor, when the shard is a piece of one (a
   /// multiple of kInt8StateBlock for int8 state). Stochastic rounding draws its bits from

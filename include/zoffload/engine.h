@@ -21,8 +21,10 @@
 //    (a) the global gradient norm (float64) with the inf/NaN check, (b) the fp16 loss scale's
 //    overflow skip (nothing is written; the scale follows fp16.* of the config), (c) clipping
 //    to gradient_clipping, and (d) the CPU update of every parameter, chunk by chunk: each
-//    chunk writes its new bf16/fp16 values into a pinned staging slot in the same pass, and
-//    the slot is uploaded while the next chunk is updated. Each parameter group's
+//    chunk writes its new bf16/fp16 values in the same pass over its gradient where that
+//    landed (state in host memory; NVMe state: into a pinned staging slot, as a failed step
+//    keeps its gradients), and they are uploaded from there while the next chunk is
+//    updated. Each parameter group's
 //    hyperparameters (SetGroup) apply, so a learning-rate schedule works.
 // 4. WaitParameters(stream) makes the caller's stream wait for the uploads; the host never
 //    waits for them.
@@ -89,7 +91,9 @@ struct EngineOptions {
   /// A context shared with other parts (must outlive the engine); null: the engine makes its
   /// own from the config (RuntimeOptions::FromConfig).
   RuntimeContext* context = nullptr;
-  int staging_slots = 4;  ///< pinned upload buffers of one chunk each; >= 2
+  /// Pinned upload buffers of one chunk each, for NVMe state (host state uploads from where
+  /// the gradients landed); >= 2.
+  int staging_slots = 4;
 };
 
 /// What one Step did and how long each phase took.

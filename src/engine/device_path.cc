@@ -227,8 +227,17 @@ Status DevicePath::Upload(void* device_dst, uint64_t bytes) {
 
 Result<Future<>> DevicePath::UploadFrom(void* device_dst, const std::byte* host, uint64_t bytes,
                                         void* stream) {
+  return UploadAfter(device_dst, host, bytes, AsStream(stream));
+}
+
+Result<Future<>> DevicePath::UploadFrom(void* device_dst, const std::byte* host, uint64_t bytes) {
+  return UploadAfter(device_dst, host, bytes, nullptr);
+}
+
+Result<Future<>> DevicePath::UploadAfter(void* device_dst, const std::byte* host, uint64_t bytes,
+                                         cudaStream_t after) {
   ZO_ASSIGN_OR_RETURN(CopyEngine * copies, rt_->Copies());
-  Future<> upload = copies->HostToDevice(device_dst, host, bytes, AsStream(stream));
+  Future<> upload = copies->HostToDevice(device_dst, host, bytes, after);
   if (upload.Ready()) ZO_RETURN_IF_ERROR(upload.Wait());  // an enqueue error
   last_upload_ = upload;
   bytes_to_gpu_ += bytes;

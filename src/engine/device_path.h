@@ -23,8 +23,8 @@
 //    update under backward has the cores), and reads the gradient only in the update.
 // Up (during Step): a ring of pinned staging slots; AcquireSlot waits (host) for the slot's
 // previous upload; Upload sends it on the H2D stream. UploadFrom sends pinned memory of the
-// caller's instead (overlap "delayed": a parameter uploaded from where its gradient landed,
-// which the next gradient may overwrite only after it: Add takes that upload to wait for).
+// caller's instead (a parameter's new values written where its gradient landed, which the
+// next gradient may overwrite only after the upload: Add takes that upload to wait for).
 // WaitParameters orders a caller's stream after the last upload.
 //
 // Thread-safety: the way down (Add, WaitLanded) and the way up (AcquireSlot, Upload,
@@ -99,6 +99,8 @@ class DevicePath {
   /// Uploads `bytes` of pinned `host` to `device_dst` after the work enqueued on `stream`.
   Result<Future<>> UploadFrom(void* device_dst, const std::byte* host, uint64_t bytes,
                               void* stream);
+  /// The same, after the earlier uploads only.
+  Result<Future<>> UploadFrom(void* device_dst, const std::byte* host, uint64_t bytes);
   Status WaitParameters(void* stream);
   /// device -> host, synchronously (pageable memory is fine).
   Status CopyToHost(void* host, const void* device, uint64_t bytes);
@@ -115,6 +117,8 @@ class DevicePath {
   struct Region;
   struct Slot;
   DevicePath() = default;
+  Result<Future<>> UploadAfter(void* device_dst, const std::byte* host, uint64_t bytes,
+                               cudaStream_t after);
   Status AddSquares(const void* piece, uint64_t elements, DType dtype, cudaStream_t stream,
                     bool accumulate, gpu::DeviceGradNorm* result);
 

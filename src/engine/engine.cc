@@ -130,10 +130,14 @@ struct OffloadEngine::Impl : public ParamSink {
     int received = 0;      // gradients in this accumulation window
     bool pending = false;  // delayed: the new values wait in Out() for their upload
 #if ZO_HAVE_CUDA
-    Future<> upload;  // delayed: the last upload from Out(), which the next gradient waits for
+    // The last upload from Out() (delayed) or from where the gradient landed (up_in_place),
+    // which the next gradient waits for.
+    Future<> upload;
 #endif
     uint64_t bytes() const { return n * DTypeBytes(dtype); }
     std::byte* Out() { return (staged.empty() ? grads : staged).data(); }
+    // Where the last gradient landed (dtype): `grads` with accumulation 1, else `landing`.
+    std::byte* Landed() { return (landing.empty() ? grads : landing).data(); }
   };
 
   Config config;
@@ -152,7 +156,12 @@ struct OffloadEngine::Impl : public ParamSink {
   EngineStepStats last;
   bool gpu = false;
   Overlap overlap = Overlap::kNone;
-  std::byte* slot = nullptr;  // the staging slot of the chunk being updated (GPU)
+  // On the GPU with the state in host memory, each chunk's new values are written over its
+  // gradient where it landed (the update has read it) and uploaded from there; a retried Step
+  // after an error needs the gradients only with NVMe state, which goes through the staging
+  // slots. `slot`: the staging slot of the chunk being updated (NVMe state).
+  bool up_in_place = false;
+  std::byte* slot = nullptr;
 #if ZO_HAVE_CUDA
   std::unique_ptr<internal::DevicePath> device;
   // The device path's counters at the last Step.
@@ -431,6 +440,7 @@ struct OffloadEngine::Impl : public ParamSink {
       return static_cast<void*>(p.Out() + first * DTypeBytes(p.dtype));
     }
 #if ZO_HAVE_CUDA
+    if (gpu && up_in_place) return static_cast<void*>(p.Landed() + first * DTypeBytes(p.dtype));
     if (gpu) {
       ZO_ASSIGN_OR_RETURN(slot, device->AcquireSlot());
       return static_cast<void*>(slot);
@@ -452,8 +462,13 @@ struct OffloadEngine::Impl : public ParamSink {
     }
 #if ZO_HAVE_CUDA
     if (gpu) {
-      if (p.dtype == DType::kFp32) std::memcpy(slot, master, 4 * n);
-      return device->Upload(static_cast<std::byte*>(p.data) + first * element, n * element);
+      std::byte* from = up_in_place ? p.Landed() + first * element : slot;
+      if (p.dtype == DType::kFp32) std::memcpy(from, master, 4 * n);
+      void* to = static_cast<std::byte*>(p.data) + first * element;
+      if (!up_in_place) return device->Upload(to, n * element);
+      // The parameter's next gradient lands there after this upload (Add waits for it).
+      ZO_ASSIGN_OR_RETURN(p.upload, device->UploadFrom(to, from, n * element));
+      return Status::Ok();
     }
 #endif
     if (p.dtype == DType::kFp32) {
@@ -656,10 +671,11 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
     if (e.pieces_to_worker) {
       landed = [&e](internal::DevicePath::Piece piece) { e.worker.Push(piece); };
     }
-    ZO_ASSIGN_OR_RETURN(
-        e.device, internal::DevicePath::Create(
-                      *e.rt, bucket, e.options.staging_slots, e.state->chunk_elements() * widest,
-                      std::move(landed), e.gpu_squares ? e.params.size() : 0));
+    e.up_in_place = so.home == internal::StateHome::kHost;
+    ZO_ASSIGN_OR_RETURN(e.device, internal::DevicePath::Create(
+                                      *e.rt, bucket, e.up_in_place ? 0 : e.options.staging_slots,
+                                      e.state->chunk_elements() * widest, std::move(landed),
+                                      e.gpu_squares ? e.params.size() : 0));
   }
 #endif
   if (e.pieces_to_worker || e.overlap != Overlap::kNone) {
@@ -913,6 +929,7 @@ Status OffloadEngine::LoadState(std::string_view name, const float* master, cons
                                 const void* v) {
   Impl& e = *impl_;
   ZO_ASSIGN_OR_RETURN(Impl::Param * p, e.Find(name));
+  ZO_RETURN_IF_ERROR(e.BetweenSteps("LoadState"));  // the sink may write where gradients land
   ZO_RETURN_IF_ERROR(Flush().WithContext("LoadState"));
   const size_t t = static_cast<size_t>(p - e.params.data());
   ZO_RETURN_IF_ERROR(e.state->Write(t, master, m, v).WithContext(StrCat("LoadState '", name, "'")));

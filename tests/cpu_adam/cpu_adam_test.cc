@@ -436,6 +436,36 @@ TEST_P(EveryTarget, PieceByPieceEqualsWhole) {
   EXPECT_EQ(AdamUpdate(bad, Hyper(true), 1.0f).code(), StatusCode::kInvalidArgument);
 }
 
+// The engine writes each chunk's copy over its 2-byte gradients (AdamShard::param_copy): the
+// same update as with the copy elsewhere, with the copy where the gradients were.
+TEST_P(EveryTarget, CopyOverItsOwnGradientsEqualsCopyElsewhere) {
+  for (StatePrecision state :
+       {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+    for (DType gd : {DType::kBf16, DType::kFp16}) {
+      const ParamCopy copy = gd == DType::kBf16 ? ParamCopy::kBf16 : ParamCopy::kFp16;
+      const size_t n = 70001;  // a partial vector and a partial int8 block at the end
+      TestShard apart(n, state, gd, copy, 0, 41);
+      TestShard over(n, state, gd, copy, 0, 41);
+      std::mt19937_64 ra(8), rb(8);
+      AdamHyper h = Hyper(true);
+      for (int s = 1; s <= 3; ++s) {
+        h.step = s;
+        apart.NewGrads(ra);
+        over.NewGrads(rb);
+        AdamShard in_place = over.View();
+        in_place.param_copy = over.grads.data();
+        ASSERT_TRUE(AdamUpdate(apart.View(), h, 0.5f, 2).ok());
+        ASSERT_TRUE(AdamUpdate(in_place, h, 0.5f, 2).ok());
+        ASSERT_EQ(apart.params, over.params) << ToString(state) << " " << ToString(gd) << " " << s;
+        ASSERT_EQ(apart.m, over.m) << ToString(state) << " " << ToString(gd) << " " << s;
+        ASSERT_EQ(apart.v, over.v) << ToString(state) << " " << ToString(gd) << " " << s;
+        ASSERT_EQ(std::memcmp(apart.copy_out.data(), over.grads.data(), 2 * n), 0)
+            << ToString(state) << " " << ToString(gd) << " " << s;
+      }
+    }
+  }
+}
+
 TEST_P(EveryTarget, Int8CodesAtTheBlockMaximumKeepTheirSign) {
   // Within a block every gradient has the same magnitude (signs mixed), so every m sits at its
   // block's maximum |m|: the codes closest to the end of their range, where an estimate's error
