@@ -115,7 +115,11 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
     }
   }
   const PipelineOptions& po = options.pipeline;
+  // Chunks of host state cost no memory (the update and its copy work in place), so they are
+  // large: fewer passes, each of which wakes and joins the threads, and fewer uploads. A chunk
+  // of NVMe state is one read and one write through `buffers` slots of host memory.
   const uint64_t chunk = po.chunk_elements != 0                       ? po.chunk_elements
+                         : options.home == StateHome::kHost           ? uint64_t{64} << 20
                          : options.precision == StatePrecision::kInt8 ? uint64_t{16} << 20
                                                                       : uint64_t{4} << 20;
   if (chunk % kInt8StateBlock != 0) {

@@ -72,7 +72,7 @@ struct PipelineOptions {
   int buffers = 4;            ///< chunk slots in host memory; >= 2
   bool overlap_read = true;   ///< read the next chunks while one is updated
   bool overlap_write = true;  ///< write the previous chunk back while one is updated
-  /// Elements per chunk; 0 derives it from the state precision (4M; 16M for int8).
+  /// Elements per chunk; 0: 64M for host state, else 4M (16M for int8).
   uint64_t chunk_elements = 0;
 };
 
