@@ -7,11 +7,13 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "common/cpu_features.h"
+#include "common/strings.h"
 
 namespace zoffload::internal {
 namespace {
@@ -337,6 +339,27 @@ INSTANTIATE_TEST_SUITE_P(Simd, EveryTarget, ::testing::ValuesIn(CompiledTargets(
 
 // The tiles follow the thread count (1 and 2 threads: 4 tiles of 12544 elements; 3: 6 of
 // 8448; 5: 5 of 10240), so tiles start at other elements, inside int8 blocks' runs too.
+// Three AdamW steps on two shards made alike, each step with the same fresh gradients in
+// both: `update(h)` updates both its own way.
+template <typename F>
+void StepTwins(TestShard& a, TestShard& b, F update) {
+  std::mt19937_64 ra(5), rb(5);
+  AdamHyper h = Hyper(true);
+  for (int s = 1; s <= 3; ++s) {
+    h.step = s;
+    a.NewGrads(ra);
+    b.NewGrads(rb);
+    update(h);
+  }
+}
+
+// The same master values and moments, bit for bit.
+void ExpectSameState(const TestShard& a, const TestShard& b, const std::string& what) {
+  EXPECT_EQ(a.params, b.params) << what;
+  EXPECT_EQ(a.m, b.m) << what;
+  EXPECT_EQ(a.v, b.v) << what;
+}
+
 TEST(CpuAdamTest, IdenticalForAnyThreadCount) {
   for (StatePrecision state :
        {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
@@ -344,19 +367,13 @@ TEST(CpuAdamTest, IdenticalForAnyThreadCount) {
       const size_t n = 3 * 16384 + 1000;  // several tiles and a tail
       TestShard a(n, state, DType::kBf16, ParamCopy::kBf16, 0, 21);
       TestShard b(n, state, DType::kBf16, ParamCopy::kBf16, 0, 21);
-      std::mt19937_64 ra(5), rb(5);
-      AdamHyper h = Hyper(true);
-      for (int s = 1; s <= 3; ++s) {
-        h.step = s;
-        a.NewGrads(ra);
-        b.NewGrads(rb);
+      StepTwins(a, b, [&](const AdamHyper& h) {
         ASSERT_TRUE(AdamUpdate(a.View(), h, 1.0f, 1).ok());
         ASSERT_TRUE(AdamUpdate(b.View(), h, 1.0f, threads).ok());
-      }
-      EXPECT_EQ(a.params, b.params) << ToString(state) << ", " << threads << " threads";
-      EXPECT_EQ(a.m, b.m) << ToString(state) << ", " << threads << " threads";
-      EXPECT_EQ(a.v, b.v) << ToString(state) << ", " << threads << " threads";
-      EXPECT_EQ(a.copy_out, b.copy_out) << ToString(state) << ", " << threads << " threads";
+      });
+      const std::string what = StrCat(ToString(state), ", ", threads, " threads");
+      ExpectSameState(a, b, what);
+      EXPECT_EQ(a.copy_out, b.copy_out) << what;
     }
   }
 }
@@ -406,12 +423,7 @@ TEST_P(EveryTarget, PieceByPieceEqualsWhole) {
     const size_t sb = state == StatePrecision::kFp32 ? 4 : 2;
     TestShard whole(n, state, DType::kBf16, ParamCopy::kBf16, 0, 31);
     TestShard pieces(n, state, DType::kBf16, ParamCopy::kBf16, 0, 31);
-    std::mt19937_64 ra(6), rb(6);
-    AdamHyper h = Hyper(true);
-    for (int s = 1; s <= 3; ++s) {
-      h.step = s;
-      whole.NewGrads(ra);
-      pieces.NewGrads(rb);
+    StepTwins(whole, pieces, [&](const AdamHyper& h) {
       ASSERT_TRUE(AdamUpdate(whole.View(), h, 1.0f).ok());
       AdamShard first = pieces.View(), second = pieces.View();
       first.n = split;
@@ -424,10 +436,8 @@ TEST_P(EveryTarget, PieceByPieceEqualsWhole) {
       second.param_copy = static_cast<uint16_t*>(second.param_copy) + split;
       ASSERT_TRUE(AdamUpdate(first, h, 1.0f).ok());
       ASSERT_TRUE(AdamUpdate(second, h, 1.0f).ok());
-    }
-    EXPECT_EQ(whole.params, pieces.params) << ToString(state);
-    EXPECT_EQ(whole.m, pieces.m) << ToString(state);
-    EXPECT_EQ(whole.v, pieces.v) << ToString(state);
+    });
+    ExpectSameState(whole, pieces, std::string(ToString(state)));
     EXPECT_EQ(whole.copy_out, pieces.copy_out);
   }
   TestShard int8(1000, StatePrecision::kInt8, DType::kFp32, ParamCopy::kNone, 0, 1);
@@ -446,22 +456,17 @@ TEST_P(EveryTarget, CopyOverItsOwnGradientsEqualsCopyElsewhere) {
       const size_t n = 70001;  // a partial vector and a partial int8 block at the end
       TestShard apart(n, state, gd, copy, 0, 41);
       TestShard over(n, state, gd, copy, 0, 41);
-      std::mt19937_64 ra(8), rb(8);
-      AdamHyper h = Hyper(true);
-      for (int s = 1; s <= 3; ++s) {
-        h.step = s;
-        apart.NewGrads(ra);
-        over.NewGrads(rb);
+      const std::string what = StrCat(ToString(state), ", ", ToString(gd));
+      StepTwins(apart, over, [&](const AdamHyper& h) {
         AdamShard in_place = over.View();
         in_place.param_copy = over.grads.data();
         ASSERT_TRUE(AdamUpdate(apart.View(), h, 0.5f, 2).ok());
         ASSERT_TRUE(AdamUpdate(in_place, h, 0.5f, 2).ok());
-        ASSERT_EQ(apart.params, over.params) << ToString(state) << " " << ToString(gd) << " " << s;
-        ASSERT_EQ(apart.m, over.m) << ToString(state) << " " << ToString(gd) << " " << s;
-        ASSERT_EQ(apart.v, over.v) << ToString(state) << " " << ToString(gd) << " " << s;
-        ASSERT_EQ(std::memcmp(apart.copy_out.data(), over.grads.data(), 2 * n), 0)
-            << ToString(state) << " " << ToString(gd) << " " << s;
-      }
+        // Each step's copy, before the next step's gradients go where it is.
+        EXPECT_EQ(std::memcmp(apart.copy_out.data(), over.grads.data(), 2 * n), 0)
+            << what << ", step " << h.step;
+      });
+      ExpectSameState(apart, over, what);
     }
   }
 }
