@@ -426,7 +426,8 @@ struct OffloadEngine::Impl : public ParamSink {
                                           "between Step and the next step's first gradient"));
   }
 
-  // ParamSink: chunk by chunk into pinned staging and up (GPU), or in place (host).
+  // ParamSink: chunk by chunk over the landed gradient (host state) or into pinned staging
+  // (NVMe state) and up (GPU), or into the parameter (host mode).
   Result<void*> Begin(size_t t, uint64_t first, uint64_t) override {
     Param& p = params[t];
     if (in_update) {
@@ -440,7 +441,12 @@ struct OffloadEngine::Impl : public ParamSink {
       return static_cast<void*>(p.Out() + first * DTypeBytes(p.dtype));
     }
 #if ZO_HAVE_CUDA
-    if (gpu && up_in_place) return static_cast<void*>(p.Landed() + first * DTypeBytes(p.dtype));
+    if (gpu && up_in_place) {
+      // After the last upload from there: a step's (done once the next gradient has landed
+      // there) or, in LoadState, the one Flush just sent from a delayed update's values.
+      if (first == 0 && p.upload.valid()) ZO_RETURN_IF_ERROR(p.upload.Wait());
+      return static_cast<void*>(p.Landed() + first * DTypeBytes(p.dtype));
+    }
     if (gpu) {
       ZO_ASSIGN_OR_RETURN(slot, device->AcquireSlot());
       return static_cast<void*>(slot);
