@@ -184,7 +184,8 @@ template <typename F>
 void ForTiles(size_t n, size_t tile, int threads, F&& body, Tracer* tracer = nullptr,
               const std::string* label = nullptr) {
   const auto tiles = static_cast<int64_t>((n + tile - 1) / tile);
-#pragma omp parallel num_threads(threads)
+  // One tile (a norm's weights) runs on the calling thread: no team to wake and join.
+#pragma omp parallel num_threads(threads) if (tiles > 1)
   {
     PlaceThread(omp_get_thread_num());
     const FlushDenormals flush;
