@@ -24,8 +24,8 @@
 //    chunk writes its new bf16/fp16 values in the same pass over its gradient where that
 //    landed (state in host memory; NVMe state: into a pinned staging slot, as a failed step
 //    keeps its gradients), and they are uploaded from there while the next chunk is
-//    updated. Each parameter group's
-//    hyperparameters (SetGroup) apply, so a learning-rate schedule works.
+//    updated. Each parameter group's hyperparameters (SetGroup) apply, so a learning-rate
+//    schedule works.
 // 4. WaitParameters(stream) makes the caller's stream wait for the uploads; the host never
 //    waits for them.
 //

@@ -208,6 +208,7 @@ GradSquares DevicePath::Squares(size_t entry) const {
 }
 
 Result<std::byte*> DevicePath::AcquireSlot() {
+  if (slots_.empty()) return FailedPreconditionError("DevicePath: made without staging slots");
   Slot& s = *slots_[next_slot_ % slots_.size()];
   const auto start = std::chrono::steady_clock::now();
   ZO_RETURN_IF_ERROR(s.uploaded.Wait());

@@ -68,7 +68,8 @@ class DevicePath {
   };
 
   /// A ring of two buckets of `bucket_bytes` (device), `slots` staging slots of `slot_bytes`
-  /// (pinned), and `squares` entries for gradients' squares (pinned).
+  /// (pinned; 0: none, every upload is UploadFrom), and `squares` entries for gradients'
+  /// squares (pinned).
   static Result<std::unique_ptr<DevicePath>> Create(Runtime& rt, uint64_t bucket_bytes, int slots,
                                                     uint64_t slot_bytes, Landed landed,
                                                     size_t squares = 0);
