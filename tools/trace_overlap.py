@@ -7,9 +7,9 @@ it), the update time spent on the updater thread before the last hand-over and a
 long Step waited, the delay from each parameter's hand-over to the start of its update
 (overlap "backward"), and how busy the Adam threads were after backward (every update, under
 "none"); the Adam passes (one per chunk) under and after backward, and the updater's time
-outside them (starting each chunk's upload, waiting for a staging slot); then, under
-backward, when the first update started, how long the updater stood idle between updates,
-and the worker's time on norm parts (its check before each update).
+outside them (starting each chunk's upload; with NVMe state, waiting for a staging slot);
+then, under backward, when the first update started, how long the updater stood idle between
+updates, and the worker's time on norm parts (its check before each update).
 For ZeRO (a "zero" track): per step, the time blocked in parameter gathers.
 Usage: tools/trace_overlap.py TRACE.json
 """
@@ -72,7 +72,7 @@ def main(path):
             print(f"  after backward: {threads} Adam threads busy {tail_busy:.3f} thread-s in "
                   f"{wall:.3f} s of updates ({tail_busy / (wall * threads):.0%} each)")
         # Each chunk is one pass of the Adam threads; between passes the updater starts the
-        # chunk's upload and takes the next staging slot, while the threads wait.
+        # chunk's upload (NVMe state: and takes the next staging slot), while the threads wait.
         p_under = [e for e in passes if first <= e["ts"] < last]
         p_after = [e for e in passes if last <= e["ts"] < end]
         if p_under or p_after:
