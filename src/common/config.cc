@@ -747,7 +747,8 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
                     zs.update_chunk_elements <= (uint64_t{1} << 30),
                 "zoffload.update_chunk_elements",
                 StrCat("must be a multiple of ", kInt8StateBlock,
-                       " in [0, 2^30] (0 = by state precision), got ", zs.update_chunk_elements));
+                       " in [0, 2^30] (0 = by where the state lives and its precision), got ",
+                       zs.update_chunk_elements));
   for (const auto& [dir, key] : {std::pair{&c.zero_optimization.offload_optimizer.nvme_path,
                                            "zero_optimization.offload_optimizer.nvme_path"},
                                  std::pair{&c.zero_optimization.offload_param.nvme_path,

@@ -441,12 +441,7 @@ struct OffloadEngine::Impl : public ParamSink {
       return static_cast<void*>(p.Out() + first * DTypeBytes(p.dtype));
     }
 #if ZO_HAVE_CUDA
-    if (gpu && up_in_place) {
-      // After the last upload from there: a step's (done once the next gradient has landed
-      // there) or, in LoadState, the one Flush just sent from a delayed update's values.
-      if (first == 0 && p.upload.valid()) ZO_RETURN_IF_ERROR(p.upload.Wait());
-      return static_cast<void*>(p.Landed() + first * DTypeBytes(p.dtype));
-    }
+    if (gpu && up_in_place) return static_cast<void*>(p.Landed() + first * DTypeBytes(p.dtype));
     if (gpu) {
       ZO_ASSIGN_OR_RETURN(slot, device->AcquireSlot());
       return static_cast<void*>(slot);
@@ -937,6 +932,12 @@ Status OffloadEngine::LoadState(std::string_view name, const float* master, cons
   ZO_ASSIGN_OR_RETURN(Impl::Param * p, e.Find(name));
   ZO_RETURN_IF_ERROR(e.BetweenSteps("LoadState"));  // the sink may write where gradients land
   ZO_RETURN_IF_ERROR(Flush().WithContext("LoadState"));
+#if ZO_HAVE_CUDA
+  // With host state the sink writes where the gradient landed, from which Flush may have
+  // just sent a delayed update's values up. (In a step that upload is done: the gradient
+  // read there landed after it.)
+  if (e.up_in_place && p->upload.valid()) ZO_RETURN_IF_ERROR(p->upload.Wait());
+#endif
   const size_t t = static_cast<size_t>(p - e.params.data());
   ZO_RETURN_IF_ERROR(e.state->Write(t, master, m, v).WithContext(StrCat("LoadState '", name, "'")));
   // The model's parameter follows the master, through the same sink as a step's chunks.

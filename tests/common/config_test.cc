@@ -370,8 +370,8 @@ TEST(ConfigTest, ImpossibleValuesAndCombinations) {
       {R"({"zoffload": {"cpu_adam_threads": -1}})",
        "zoffload.cpu_adam_threads: must be in [0, 4096]"},
       {R"({"zoffload": {"update_chunk_elements": 1000}})",
-       "zoffload.update_chunk_elements: must be a multiple of 256 in [0, 2^30] (0 = by state "
-       "precision), got 1000"},
+       "zoffload.update_chunk_elements: must be a multiple of 256 in [0, 2^30] (0 = by where "
+       "the state lives and its precision), got 1000"},
       {R"({"zoffload": {"update_chunk_elements": "4G"}})",
        "zoffload.update_chunk_elements: must be a multiple of 256 in [0, 2^30]"},
       {R"({"zoffload": {"budgets": {"gpu_bytes": 0}}})", "zoffload.budgets.gpu_bytes: must be > 0"},

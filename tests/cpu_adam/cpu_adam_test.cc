@@ -337,8 +337,6 @@ INSTANTIATE_TEST_SUITE_P(Simd, EveryTarget, ::testing::ValuesIn(CompiledTargets(
                            return std::string(hwy::TargetName(param_info.param));
                          });
 
-// The tiles follow the thread count (1 and 2 threads: 4 tiles of 12544 elements; 3: 6 of
-// 8448; 5: 5 of 10240), so tiles start at other elements, inside int8 blocks' runs too.
 // Three AdamW steps on two shards made alike, each step with the same fresh gradients in
 // both: `update(h)` updates both its own way.
 template <typename F>
@@ -360,6 +358,8 @@ void ExpectSameState(const TestShard& a, const TestShard& b, const std::string& 
   EXPECT_EQ(a.v, b.v) << what;
 }
 
+// The tiles follow the thread count (1 and 2 threads: 4 tiles of 12544 elements; 3: 6 of
+// 8448; 5: 5 of 10240), so tiles start at other elements, inside int8 blocks' runs too.
 TEST(CpuAdamTest, IdenticalForAnyThreadCount) {
   for (StatePrecision state :
        {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
