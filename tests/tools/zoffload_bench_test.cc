@@ -326,7 +326,8 @@ TEST(ZoffloadBenchTest, ClearErrors) {
   }
   // A share on NVMe with the state in host memory was silently ignored.
   for (const char* ratio : {"0", "1.5", "half"}) {
-    EXPECT_EQ(RunBench(std::string("step --nvme-ratio ") + ratio).exit_code, 2) << ratio;
+    testing::CommandResult r = RunBench(std::string("step --nvme-ratio ") + ratio);
+    EXPECT_EQ(r.exit_code, 2) << ratio << ": " << r.output;
   }
   testing::CommandResult host = RunBench("step --state-on host --nvme-ratio 0.5");
   EXPECT_EQ(host.exit_code, 2) << host.output;
