@@ -10,7 +10,7 @@ seconds=${1:-60}
 command -v clang++ >/dev/null || { echo "tools/fuzz.sh: clang++ is needed (apt-get install clang)"; exit 1; }
 cmake -S tests/fuzz -B build/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug >/dev/null
 cmake --build build/fuzz
-for target in config manifest; do
+for target in config manifest checkpoint plan; do
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   echo "== ${target}_fuzz, ${seconds} s"

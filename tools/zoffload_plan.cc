@@ -30,6 +30,8 @@
 namespace zoffload::internal::plan {
 namespace {
 
+constexpr uint64_t kMaxPlanSize = uint64_t{1} << 50;
+
 constexpr const char* kUsage =
     "usage: zoffload-plan (--model NAME|CONFIG.json | --params N) [--gpu-mem SIZE]\n"
     "                     [--host-mem SIZE] [--nvme DIR ...] [--batch B] [--seq S]\n"
@@ -164,6 +166,13 @@ int Main(int argc, char** argv) {
       if (!ParseByteSize(v, out) || *out == 0) {
         std::fprintf(stderr, "zoffload-plan: %s: '%s' is not a size such as 24GiB\n", a.c_str(),
                      v.c_str());
+        return false;
+      }
+      // Past 2^50 (1 PiB, 1.1e15 parameters) nothing is real, and the estimates' byte counts
+      // (16 and more a parameter) would wrap.
+      if (*out > kMaxPlanSize) {
+        std::fprintf(stderr, "zoffload-plan: %s: '%s' is more than 2^50 (1 PiB, 1.1e15 "
+                     "parameters): no machine or model of that size\n", a.c_str(), v.c_str());
         return false;
       }
       return true;

@@ -201,8 +201,16 @@ struct ParseOptions {
 /// one per line, each as "SOURCE: json.path: what is wrong".
 Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& options = {});
 
-/// Reads and parses a JSON file; the file name is the error source.
+/// Reads and parses a JSON file; the file name is the error source. Only a regular file of at
+/// most 16 MiB is read (a directory, FIFO or device such as /dev/zero is refused unread).
 Result<Config> LoadConfigFile(const std::string& path, int world_size = 1);
+
+/// A config's JSON before it is parsed into a Config (HuggingFace-style "auto" values still to
+/// be filled): read as LoadConfigFile reads (`is_file`: `source` is a path; else it is the JSON
+/// text), checked by the parser's JSON rules (syntax, duplicate keys, nesting, numbers that
+/// would be read as another value), and written back as compact JSON text. The Python module
+/// reads configs through it, so both languages parse one way.
+Result<std::string> ReadConfigJson(const std::string& source, bool is_file);
 
 /// Checks cross-field rules and resolves the batch sizes; ParseConfig calls it. Useful
 /// after building a Config in code.

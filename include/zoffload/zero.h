@@ -41,8 +41,6 @@ struct ZeroRank {
   /// The run's name: the same on every rank, unique among the runs on the machine (letters,
   /// digits, '.', '_', '-'; at most 200). The shared-memory segment is named after it.
   std::string run;
-  /// How long a collective waits for the other ranks.
-  std::chrono::milliseconds timeout{300'000};
   /// Empty: the ranks communicate through host shared memory. Otherwise an NCCL unique id
   /// (NewNcclId on one rank, handed to every rank by the launcher: ZOFFLOAD_NCCL_ID, a file,
   /// torch.distributed): the collectives run over NCCL on CUDA device `device` (the buffers stay

@@ -252,11 +252,15 @@ Config ParseConfigText(const std::string& json) {
   return Unwrap(ParseConfig(json, options), /*from_config=*/true);
 }
 
-// `bytes` of an optimizer's own memory at `buffer` as a uint8 array that keeps `owner` (the
-// Python object holding the optimizer) alive, or None for null.
-nb::object BytesOf(void* buffer, uint64_t bytes, nb::handle owner) {
+// `bytes` of an optimizer's own memory at `buffer` as a uint8 array, or None for null. The
+// array shares the optimizer's ownership: after close() it still points at live memory, which
+// goes when the last such array does.
+template <typename T>
+nb::object BytesOf(void* buffer, uint64_t bytes, std::shared_ptr<T> owner) {
   if (buffer == nullptr) return nb::none();
-  return nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(buffer, {bytes}, owner));
+  auto* keep = new std::shared_ptr<T>(std::move(owner));
+  nb::capsule capsule(keep, [](void* p) noexcept { delete static_cast<std::shared_ptr<T>*>(p); });
+  return nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(buffer, {bytes}, capsule));
 }
 
 class Engine {
@@ -280,6 +284,7 @@ class Engine {
       s.group = group;
       elements_.emplace(name, std::make_pair(array.size(), s.dtype));
       specs.push_back(std::move(s));
+      held_.push_back(array);
     }
     EngineOptions options;
     options.host_params = !cuda;
@@ -402,11 +407,24 @@ class Engine {
       }
     };
     check(master, "the master", 4 * n);
-    if (ToDType(master, "the master of '" + name + "'") != DType::kFp32) {
-      Fail(StatusCode::kInvalidArgument, "the master of '" + name + "' must be float32");
+    if (ToDType(master, "the master of '" + name + "'") != DType::kFp32 || master.size() != n) {
+      Fail(StatusCode::kInvalidArgument,
+           "the master of '" + name + "' must be " + std::to_string(n) + " float32 elements");
     }
-    check(m, "m", moment_bytes);
-    check(v, "v", moment_bytes);
+    // Moments: float32 of n elements for fp32 state, else the state's raw bytes (uint8). A
+    // float64 array of n/2 elements has the right byte count and the wrong values.
+    const bool fp32 = config_.zoffload.optimizer_state == StatePrecision::kFp32;
+    for (const auto& [a, which] : {std::pair{&m, "m"}, std::pair{&v, "v"}}) {
+      check(*a, which, moment_bytes);
+      const nb::dlpack::dtype t = a->dtype();
+      const bool right = fp32 ? (t.code == uint8_t(nb::dlpack::dtype_code::Float) && t.bits == 32)
+                              : (t.code == uint8_t(nb::dlpack::dtype_code::UInt) && t.bits == 8);
+      if (!right || t.lanes != 1) {
+        Fail(StatusCode::kInvalidArgument,
+             std::string(which) + " of '" + name + "' has dtype " + DescribeDType(t) + "; " +
+                 (fp32 ? "fp32 state takes float32" : "bf16 and int8 state take its raw bytes (uint8)"));
+      }
+    }
     nb::gil_scoped_release release;
     Check(e.LoadState(name, static_cast<const float*>(master.data()), m.data(), v.data()));
   }
@@ -416,7 +434,7 @@ class Engine {
   nb::object GradientBuffer(const std::string& name) {
     OffloadEngine& e = Live();
     const auto [n, dtype] = Lookup(name);
-    return BytesOf(Unwrap(e.GradientBuffer(name)), n * DTypeBytes(dtype), nb::find(this));
+    return BytesOf(Unwrap(e.GradientBuffer(name)), n * DTypeBytes(dtype), engine_);
   }
 
   void set_steps(int64_t steps) { Check(Live().SetSteps(steps)); }
@@ -450,7 +468,9 @@ class Engine {
   bool cuda_ = false;
   // Sizes the state and gradient buffers.
   std::unordered_map<std::string, std::pair<uint64_t, DType>> elements_;
-  std::unique_ptr<OffloadEngine> engine_;
+  // The parameters' arrays: the engine writes into them, so they live as long as this does.
+  std::vector<AnyArray> held_;
+  std::shared_ptr<OffloadEngine> engine_;  // shared with gradient_buffer's arrays
 };
 
 // One rank's ZeRO stage 1-3 optimizer (include/zoffload/zero.h; host parameters);
@@ -460,7 +480,7 @@ class Zero {
   Zero(const std::string& config_json,
        const std::vector<std::tuple<std::string, AnyArray, int>>& params,
        const std::vector<nb::dict>& groups, const std::string& run, int rank, int world,
-       double timeout_seconds, const std::string& nccl_id, int device) {
+       const std::string& nccl_id, int device) {
     const Config config = ParseConfigText(config_json);
     if (params.empty()) Fail(StatusCode::kInvalidArgument, "ZeRO: no parameters given");
     std::vector<ParameterSpec> specs;
@@ -479,8 +499,9 @@ class Zero {
       s.elements = array.size();
       s.group = group;
       for (size_t d = 0; d < array.ndim(); ++d) s.shape.push_back(array.shape(d));
-      specs.push_back(std::move(s));
       elements_.emplace(name, std::make_pair(array.size(), s.dtype));
+      specs.push_back(std::move(s));
+      if (config.zero_optimization.stage < 3) held_.push_back(array);  // stage 3 reads them once
     }
     ZeroOptions options;
     const ParamGroup base = ParamGroup::FromConfig(config.optimizer);
@@ -489,7 +510,6 @@ class Zero {
     me.rank = rank;
     me.world = world;
     me.run = run;
-    me.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_seconds * 1000));
     me.nccl_id = nccl_id;
     me.device = device;
     nb::gil_scoped_release release;
@@ -500,7 +520,7 @@ class Zero {
   nb::object GradientBuffer(const std::string& name) {
     ZeroOptimizer& z = Live();
     const auto [n, dtype] = Lookup(name);
-    return BytesOf(Unwrap(z.GradientBuffer(name)), n * DTypeBytes(dtype), nb::find(this));
+    return BytesOf(Unwrap(z.GradientBuffer(name)), n * DTypeBytes(dtype), zero_);
   }
 
   void GradientReady(const std::string& name, const AnyArray& grad) {
@@ -596,13 +616,23 @@ class Zero {
   }
 
   std::unordered_map<std::string, std::pair<uint64_t, DType>> elements_;
-  std::unique_ptr<ZeroOptimizer> zero_;
+  std::vector<AnyArray> held_;  // as Engine's (stages 1-2: step() writes into them)
+  std::shared_ptr<ZeroOptimizer> zero_;  // shared with gradient_buffer's arrays
 };
 
 void DefineModule(nb::module_& m) {
   m.doc() = "zoffload's C++ engine (use zoffload and zoffload.torch).";
   MakeExceptions(m);
 
+  m.def(
+      "read_config_json",
+      [](const std::string& source, bool is_file) {
+        return Unwrap(ReadConfigJson(source, is_file), /*from_config=*/true);
+      },
+      nb::arg("source"), nb::arg("is_file"),
+      "A config's JSON as the C++ parser reads it (is_file: source is a path, read only if it "
+      "is a regular file of at most 16 MiB; else the JSON text): strict (duplicate keys, "
+      "nesting, numbers that would change), returned as compact JSON text.");
   m.def(
       "parse_config",
       [](const std::string& json) {
@@ -692,17 +722,16 @@ void DefineModule(nb::module_& m) {
                    "parameters), gradients reduce-scattered, parameters all-gathered. Every "
                    "rank makes the same calls in the same order.")
       .def(nb::init<const std::string&, const std::vector<std::tuple<std::string, AnyArray, int>>&,
-                    const std::vector<nb::dict>&, const std::string&, int, int, double,
+                    const std::vector<nb::dict>&, const std::string&, int, int,
                     const std::string&, int>(),
            nb::arg("config_json"), nb::arg("params"), nb::arg("groups"), nb::arg("run"),
-           nb::arg("rank"), nb::arg("world"), nb::arg("timeout_seconds") = 300.0,
-           nb::arg("nccl_id") = "", nb::arg("device") = 0,
+           nb::arg("rank"), nb::arg("world"), nb::arg("nccl_id") = "", nb::arg("device") = 0,
            "params: (name, cpu array, group index) each, one dtype for all; at stages 1-2 the "
            "arrays are updated in place by step() and must stay alive, at stage 3 they are read "
            "here only. run: the run's name, the same on every rank and unique per run (letters, "
            "digits, '.', '_', '-'; the shared-memory segment is named after it). A rank that does "
-           "not arrive within timeout_seconds makes "
-           "the others fail, naming it. nccl_id (new_nccl_id on one rank, the same on all): the "
+           "not arrive within the config's zoffload.comm_timeout_seconds (or whose process dies) "
+           "makes the others fail, naming it. nccl_id (new_nccl_id on one rank, the same on all): the "
            "collectives run over NCCL on CUDA device `device` instead of shared memory.")
       .def("gradient_buffer", &Zero::GradientBuffer, nb::arg("name"),
            "One rank, one micro-batch, stages 2-3: the optimizer's own memory for the "

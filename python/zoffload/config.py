@@ -3,7 +3,8 @@
 A DeepSpeed-style config written for HuggingFace's Trainer leaves values as ``"auto"`` for the
 training code to fill. ``load_config`` fills them from what the caller knows (the optimizer's
 lr, betas, eps and weight decay; batch sizes; clipping) and refuses any ``"auto"`` left over,
-naming its JSON path. The C++ parser then validates the whole config strictly.
+naming its JSON path. The C++ side reads the JSON (a file or text) and validates the whole config strictly: Python
+parses no config of its own.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import os
 from typing import Any, Mapping, Union
 
-from ._zoffload import ConfigError, parse_config
+from ._zoffload import ConfigError, parse_config, read_config_json
 
 ConfigSource = Union[str, "os.PathLike[str]", Mapping[str, Any], None]
 
@@ -32,25 +33,22 @@ AUTO_FILLS = {
 
 
 def _read(source: ConfigSource) -> dict:
+    """The config as a dict, read and parsed by the C++ parser (one parser for both languages:
+    only regular files of at most 16 MiB, strict JSON, numbers kept as written)."""
     if source is None:
         return {}
     if isinstance(source, Mapping):
-        return json.loads(json.dumps(source))  # a deep copy that is plain JSON
-    text = os.fspath(source)
-    if text.lstrip().startswith("{"):
-        where = "the config string"
-    else:
-        where = text
         try:
-            with open(text, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise ConfigError(f"cannot read the config file {where}: {e.strerror}") from e
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{where}: line {e.lineno} column {e.colno}: {e.msg}") from e
+            text = json.dumps(source, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"the config dict is not plain JSON: {e}") from e
+        is_file = False
+    else:
+        text = os.fspath(source)
+        is_file = not text.lstrip().startswith("{")
+    value = json.loads(read_config_json(text, is_file))
     if not isinstance(value, dict):
+        where = text if is_file else "the config string"
         raise ConfigError(f"{where}: (root): expected an object, got {type(value).__name__}")
     return value
 

@@ -189,8 +189,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if zero:
             run, nccl_id, device = _bootstrap(rank) if world > 1 else (_run_name(), "", 0)
             self._zero = _zoffload.Zero(
-                self._config_json, spec, hypers, run, rank, world,
-                cfg["zoffload"]["comm_timeout_seconds"], nccl_id, device
+                self._config_json, spec, hypers, run, rank, world, nccl_id, device
             )
             if zc["stage"] == 3:  # read at creation only: the partitions hold them now
                 self._host_values = {}
@@ -207,6 +206,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 if buffer is not None:
                     self._grad_buffers[name] = torch.from_numpy(buffer).view(t.dtype).view(t.shape)
         self._partitioned = offload or (zero and zc["stage"] == 3)
+        # The parameters whose own memory the engine writes (held by the engine too): the
+        # storage each had here. A parameter given other storage later (p.data = ...,
+        # model.share_memory(), model.to(...)) would be left behind: checked at each gradient
+        # and step, and refused naming it.
+        self._storage: Dict[str, int] = {} if self._partitioned else {
+            name: t.data_ptr() for name, t in names if name not in self._host_values
+        }
         self._collective = world > 1  # every fetch a collective: no reuse
         if self._partitioned:
             self._fetch_per_module(model, zc)
@@ -232,6 +238,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             opt = this()
             if grad is None or opt is None:
                 return
+            opt._check_storage(name, param)
             opt._sync_groups()  # overlap "backward" updates with the groups as they are now
             if opt._host_grads:  # the engine's host mode, or ZeRO with GPU parameters
                 opt._to_host(name, grad.detach())
@@ -244,6 +251,20 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 param.data = _empty_like(param)
 
         return hook
+
+    def _check_storage(self, name: str, param: torch.Tensor) -> None:
+        if self._closed:
+            raise _zoffload.FailedPrecondition(
+                f"OffloadOptimizer: used after close() (parameter '{name}')"
+            )
+        registered = self._storage.get(name)
+        if registered is not None and param.data_ptr() != registered:
+            raise _zoffload.FailedPrecondition(
+                f"OffloadOptimizer: parameter '{name}' now lives in other memory than when the "
+                "optimizer was built (p.data = ..., model.share_memory() or model.to(...) after "
+                "it): the optimizer updates the old memory. Build the optimizer after moving or "
+                "re-assigning the model's parameters."
+            )
 
     def _host_copies(self, names: List[Tuple[str, torch.Tensor]]) -> Dict[str, torch.Tensor]:
         """Host copies of the parameters' values. With a GPU they are page-locked, all in one
@@ -602,6 +623,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        for g in self.param_groups:
+            for t in g["params"]:
+                self._check_storage(self._names[id(t)], t)
         self._sync_groups()
         if self._host_grads:
             self._hand_over(wait=True)

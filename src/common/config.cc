@@ -11,16 +11,14 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <set>
-#include <sstream>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "common/errno_status.h"
+#include "common/json_file.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "zoffload/cpu_adam.h"
@@ -31,13 +29,15 @@ using internal::EditDistance;
 using internal::HumanBytes;
 using internal::NormalDirectory;
 using internal::ParseByteSize;
-using internal::StatusFromErrno;
 using internal::StrCat;
 
 namespace {
 
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
+
+// A config is a few KiB; reading /dev/zero or a log file by mistake must not eat the memory.
+constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
 
 // ---- enum names -------------------------------------------------------------------------
 
@@ -323,6 +323,13 @@ class Reader {
         Error(path, StrCat("expected an integer, got ", Describe(node)));
         return false;
       }
+      // Past 2^53 a double no longer holds every integer: 9007199254740993.0 was read as
+      // ...992. Such a value is taken only as written as an integer.
+      if (std::fabs(v) >= 0x1p53L) {
+        Error(path, StrCat(node.dump(), " is written as a floating-point number, which holds "
+                           "integers exactly only up to 2^53; write it as an integer"));
+        return false;
+      }
     }
     if (v < lo || v > hi) {
       Error(path, StrCat("integer ", node.dump(), " is out of range [", static_cast<double>(lo),
@@ -345,8 +352,12 @@ class Reader {
       out = node.get<int64_t>();
       return;
     }
+    // The exact 64-bit range: a count this parser wrote (a batch product near 2^63) reads back.
     long double v;
-    if (ReadInteger(node, path, -9.2e18L, 9.2e18L, &v)) out = static_cast<int64_t>(v);
+    if (ReadInteger(node, path, static_cast<long double>(std::numeric_limits<int64_t>::min()),
+                    static_cast<long double>(std::numeric_limits<int64_t>::max()), &v)) {
+      out = static_cast<int64_t>(v);
+    }
   }
   // Byte counts: an integer, or a string such as "24GiB".
   void Convert(const Json& node, const std::string& path, uint64_t& out) {
@@ -362,7 +373,10 @@ class Reader {
       return;
     }
     long double v;
-    if (ReadInteger(node, path, 0, 1.8e19L, &v)) out = static_cast<uint64_t>(v);
+    if (ReadInteger(node, path, 0, static_cast<long double>(std::numeric_limits<uint64_t>::max()),
+                    &v)) {
+      out = static_cast<uint64_t>(v);
+    }
   }
   void Convert(const Json& node, const std::string& path, double& out) {
     if (!node.is_number()) return Error(path, StrCat("expected a number, got ", Describe(node)));
@@ -472,79 +486,6 @@ class KeyLister {
  private:
   std::string prefix_;
   std::vector<std::string>* keys_;
-};
-
-// ---- duplicate keys ---------------------------------------------------------------------
-
-// Tracks the keys of each open object while nlohmann parses, to report duplicates with
-// their path.
-class DuplicateKeyFinder {
- public:
-  // Deeper nesting is an error: no config needs it, and every level costs the parser memory.
-  static constexpr int kMaxDepth = 64;
-
-  explicit DuplicateKeyFinder(std::vector<std::string>* errors) : errors_(errors) {}
-
-  // `depth` counts the enclosing containers (nlohmann's; it stays right inside discarded
-  // values, whose end events are not reported).
-  bool operator()(int depth, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start: {
-        if (depth >= kMaxDepth) {
-          if (!too_deep_) {
-            too_deep_ = true;
-            errors_->push_back(
-                StrCat(Path(scopes_.size()), ": nested deeper than ", kMaxDepth, " levels"));
-          }
-          return false;  // discarded, with everything inside it
-        }
-        scopes_.resize(static_cast<size_t>(depth));
-        std::string segment;
-        if (!scopes_.empty()) segment = scopes_.back().is_object ? scopes_.back().last_key : "[]";
-        scopes_.push_back({event == Json::parse_event_t::object_start, {}, std::move(segment), {}});
-        break;
-      }
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        scopes_.resize(std::min(scopes_.size(), static_cast<size_t>(depth)));
-        break;
-      case Json::parse_event_t::key: {
-        if (depth > kMaxDepth || scopes_.empty()) break;
-        scopes_.resize(static_cast<size_t>(depth));
-        Scope& scope = scopes_.back();
-        const std::string key = parsed.get<std::string>();
-        if (!scope.keys.insert(key).second) {
-          errors_->push_back(StrCat(JoinPath(Path(scopes_.size()), key), ": duplicate key"));
-        }
-        scope.last_key = key;
-        break;
-      }
-      case Json::parse_event_t::value:
-        break;
-    }
-    return true;
-  }
-
- private:
-  struct Scope {
-    bool is_object;
-    std::set<std::string> keys;
-    std::string segment;  // its key in the parent object, "[]" in an array, "" at the root
-    std::string last_key;
-  };
-  // The path of the scope at `depth` (1: the root), built only when an error needs it.
-  std::string Path(size_t depth) const {
-    std::string path;
-    for (size_t i = 1; i < depth && i < scopes_.size(); ++i) {
-      path = scopes_[i].segment == "[]" ? StrCat(path, "[]") : JoinPath(path, scopes_[i].segment);
-    }
-    return path;
-  }
-
-  std::vector<std::string>* errors_;
-  std::vector<Scope> scopes_;
-  bool too_deep_ = false;
 };
 
 // ---- cross-field rules ------------------------------------------------------------------
@@ -814,18 +755,11 @@ Status ValidateConfig(Config& config, int world_size) {
 
 Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& options) {
   std::vector<std::string> errors;
-  Json root;
-  try {
-    DuplicateKeyFinder duplicates(&errors);
-    root = Json::parse(json_text.begin(), json_text.end(), std::ref(duplicates));
-  } catch (const Json::exception& e) {  // a syntax error, or a number out of range (1e309)
-    std::string what = e.what();
-    // Drop nlohmann's "[json.exception.parse_error.101] " prefix: users need line/column.
-    if (const size_t close = what.find("] "); close != std::string::npos) what.erase(0, close + 2);
-    return InvalidArgumentError(StrCat(options.source, ": invalid JSON: ", what));
-  }
+  const Json root = internal::ParseStrictJson(json_text, &errors);
   Config config;
-  if (!root.is_object()) {
+  if (root.is_discarded()) {
+    return ErrorsToStatus(errors, options.source);
+  } else if (!root.is_object()) {
     errors.push_back(StrCat("(root): expected an object, got ", Describe(root)));
   } else {
     Reader::ReadStruct(root, "", config, &errors);
@@ -854,25 +788,19 @@ Result<Config> ParseConfig(std::string_view json_text, const ParseOptions& optio
 }
 
 Result<Config> LoadConfigFile(const std::string& path, int world_size) {
-  // A config is a few KiB; reading /dev/zero or a log file by mistake must not eat the memory.
-  constexpr std::streamsize kMaxConfigBytes = std::streamsize{16} << 20;
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    return InvalidArgumentError(StrCat("config file ", path, " is a directory"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return StatusFromErrno(errno != 0 ? errno : ENOENT, StrCat("config file ", path));
-  std::string text;
-  char buffer[1 << 16];
-  while (in.read(buffer, sizeof(buffer)) || in.gcount() > 0) {
-    text.append(buffer, static_cast<size_t>(in.gcount()));
-    if (text.size() > static_cast<size_t>(kMaxConfigBytes)) {
-      return InvalidArgumentError(StrCat("config file ", path, " is larger than ",
-                                         HumanBytes(kMaxConfigBytes), ": not a config"));
-    }
-  }
-  if (in.bad()) return StatusFromErrno(errno != 0 ? errno : EIO, StrCat("read config file ", path));
+  ZO_ASSIGN_OR_RETURN(const std::string text,
+                      internal::ReadBoundedFile(path, kMaxConfigBytes, "config file"));
   return ParseConfig(text, ParseOptions{world_size, path});
+}
+
+Result<std::string> ReadConfigJson(const std::string& source, bool is_file) {
+  std::string text;
+  if (is_file) {
+    ZO_ASSIGN_OR_RETURN(text, internal::ReadBoundedFile(source, kMaxConfigBytes, "config file"));
+  }
+  ZO_ASSIGN_OR_RETURN(const Json j, internal::ParseJson(is_file ? text : source,
+                                                        is_file ? source : "the config string"));
+  return j.dump();
 }
 
 std::string SerializeConfig(const Config& config) {

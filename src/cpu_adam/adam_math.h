@@ -37,4 +37,10 @@ ZO_HOST_DEVICE inline float ClipAndUnscale(double raw_norm, float loss_scale, fl
   return static_cast<float>(static_cast<double>(*clip_coef) / loss_scale);
 }
 
+/// The norm a skipped step reports: its gradients hold inf or NaN, and so does the norm (inf
+/// where the sum overflowed, else NaN) — never a finite number such as 0.
+inline double NonfiniteNorm(double raw_norm) {
+  return raw_norm != raw_norm || raw_norm > 1e308 ? raw_norm : __builtin_nan("");
+}
+
 }  // namespace zoffload::internal

@@ -257,18 +257,6 @@ std::string_view ToString(ParamCopy copy) {
   return "?";
 }
 
-size_t AdamMomentBytes(StatePrecision precision, size_t n) {
-  switch (precision) {
-    case StatePrecision::kFp32:
-      return 4 * n;
-    case StatePrecision::kBf16:
-      return 2 * n;
-    case StatePrecision::kInt8:
-      return ((n + 3) & ~size_t{3}) + 4 * ((n + kInt8StateBlock - 1) / kInt8StateBlock);
-  }
-  return 0;
-}
-
 int DefaultAdamThreads() {
   const Topology* topology = AdamTopology();
   return topology != nullptr ? std::max(1, topology->PhysicalCores()) : omp_get_num_procs();
@@ -350,6 +338,7 @@ Result<AdamStepResult> AdamStep(std::span<const AdamShard> shards, const AdamHyp
   const GradNorm norm = GradientNorm(shards, threads);
   if (!norm.finite) {
     result.skipped = true;  // overflow: nothing is written
+    result.grad_norm = internal::NonfiniteNorm(norm.l2);
     return result;
   }
   const float grad_scale = internal::ClipAndUnscale(norm.l2, loss_scale, max_grad_norm,

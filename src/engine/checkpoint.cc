@@ -5,14 +5,15 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 #include <map>
-#include <sstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "common/aligned_buffer.h"
 #include "common/errno_status.h"
+#include "common/json_file.h"
 #include "common/log.h"
 #include "common/pid_lock.h"
 #include "common/strings.h"
@@ -22,13 +23,18 @@
 namespace zoffload::internal {
 namespace {
 
-constexpr int kVersion = 1;
+// 1: the first format; 2: the manifest carries a CRC32C of its own fields ("manifest_crc32c").
+constexpr int kVersion = 2;
+// A manifest is a few hundred bytes per parameter.
+constexpr uint64_t kMaxManifestBytes = uint64_t{1} << 30;
+// Elements of one parameter: 4 x elements must not wrap (2^48: 256 TiB of masters).
+constexpr uint64_t kMaxElements = uint64_t{1} << 48;
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kState = "state.bin";
 
 bool Exists(const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
+  return ::lstat(path.c_str(), &st) == 0;
 }
 
 Status RemoveTree(const std::string& path) {
@@ -38,17 +44,58 @@ Status RemoveTree(const std::string& path) {
   return Status::Ok();
 }
 
-// Removes DIR.tmp-PID directories of saves whose process is gone (killed mid-save).
+// What is at `path` when it is not a place a save may replace: "" for nothing there, an empty
+// directory or a directory holding only the files a save writes (a checkpoint, or a killed
+// save's partial one); otherwise what is there ("a file", "a directory holding tokenizer.json,
+// ..."). A save never removes what zoffload did not write.
+std::string ForeignContent(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return "";
+  if (S_ISLNK(st.st_mode)) return "a symbolic link";
+  if (!S_ISDIR(st.st_mode)) return S_ISREG(st.st_mode) ? "a file" : "a special file";
+  std::error_code ec;
+  std::vector<std::string> foreign;
+  for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+    const std::string name = entry.path().filename().string();
+    std::error_code type_ec;
+    const bool regular = entry.is_regular_file(type_ec) && !entry.is_symlink(type_ec);
+    if (!regular || (name != kManifest && name != kState)) foreign.push_back(name);
+  }
+  if (ec) return StrCat("a directory that cannot be listed (", ec.message(), ")");
+  if (foreign.empty()) return "";
+  return StrCat("a directory holding files zoffload did not write (", FirstFew(foreign, ", "),
+                ")");
+}
+
+Status RefuseForeign(const std::string& path, const std::string& dir) {
+  const std::string foreign = ForeignContent(path);
+  if (foreign.empty()) return Status::Ok();
+  return Status(StatusCode::kAlreadyExists,
+                StrCat("checkpoint: ", path, " is ", foreign, "; a save replaces only an empty "
+                       "directory or a checkpoint zoffload wrote, and never removes other files: "
+                       "save to a new or empty directory, or move them away (saving to ", dir,
+                       ")"));
+}
+
+// The directory holding `target` ("." for a relative name without one).
+std::string ParentOf(const std::string& target) {
+  const std::string parent = std::filesystem::path(target).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+// Removes DIR.tmp-PID directories of saves whose process is gone (killed mid-save), when they
+// hold only what a save writes.
 Status RemoveAbandonedSaves(const std::string& target) {
   const std::filesystem::path path(target);
   const std::string prefix = StrCat(path.filename().string(), ".tmp-");
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(path.parent_path(), ec)) {
+  for (const auto& entry : std::filesystem::directory_iterator(ParentOf(target), ec)) {
     const std::string name = entry.path().filename().string();
     if (!name.starts_with(prefix)) continue;
     const std::string pid = name.substr(prefix.size());
-    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos ||
-        ProcessRunning(static_cast<pid_t>(std::stol(pid)))) {
+    if (pid.empty() || pid.size() > 9 || pid.find_first_not_of("0123456789") != std::string::npos ||
+        ProcessRunning(static_cast<pid_t>(std::stol(pid))) ||
+        !ForeignContent(entry.path().string()).empty()) {
       continue;
     }
     Log(LogLevel::kInfo, StrCat("checkpoint: removing ", entry.path().string(),
@@ -56,6 +103,14 @@ Status RemoveAbandonedSaves(const std::string& target) {
     ZO_RETURN_IF_ERROR(RemoveTree(entry.path().string()));
   }
   return Status::Ok();
+}
+
+// The CRC32C of a manifest's fields: of its compact, key-sorted JSON without the checksum
+// itself (the same bytes whatever the file's layout, as numbers print back as they parse).
+uint32_t ManifestCrc(nlohmann::json j) {
+  j.erase("manifest_crc32c");
+  const std::string text = j.dump();
+  return Crc32c(text.data(), text.size());
 }
 
 Result<DType> DTypeNamed(const std::string& name) {
@@ -70,12 +125,15 @@ Result<DType> DTypeNamed(const std::string& name) {
 Status WriteCheckpoint(const std::string& dir, CheckpointMeta meta, const ReadEntry& read) {
   if (dir.empty()) return InvalidArgumentError("checkpoint: no directory given");
   const std::string target = NormalDirectory(dir);
-  const std::string parent = std::filesystem::path(target).parent_path().string();
-  if (!parent.empty() && !Exists(parent)) {
+  const std::string parent = ParentOf(target);
+  if (!Exists(parent)) {
     return NotFoundError(
         StrCat("checkpoint: the directory ", parent, " (of ", dir, ") does not exist"));
   }
   const std::string tmp = StrCat(target, ".tmp-", ::getpid());
+  const std::string prev = target + ".prev";
+  // Before anything is written: what the save would replace must be zoffload's.
+  for (const std::string& path : {target, prev, tmp}) ZO_RETURN_IF_ERROR(RefuseForeign(path, dir));
   ZO_RETURN_IF_ERROR(RemoveTree(tmp));
   ZO_RETURN_IF_ERROR(RemoveAbandonedSaves(target));
   if (::mkdir(tmp.c_str(), 0755) != 0) return StatusFromErrno(errno, StrCat("mkdir ", tmp));
@@ -131,6 +189,7 @@ Status WriteCheckpoint(const std::string& dir, CheckpointMeta meta, const ReadEn
                                {"offset", e.offset},
                                {"crc32c", e.crc}});
   }
+  j["manifest_crc32c"] = ManifestCrc(nlohmann::json::parse(j.dump()));
   {
     const std::string path = StrCat(tmp, "/", kManifest);
     const std::string text = j.dump(1) + "\n";
@@ -143,7 +202,6 @@ Status WriteCheckpoint(const std::string& dir, CheckpointMeta meta, const ReadEn
   }
   if (Status s = FsyncDirectory(tmp); !s.ok()) return fail(s);
   // Swap it in: the old checkpoint steps aside as DIR.prev until the new one is in place.
-  const std::string prev = target + ".prev";
   if (Exists(target)) {
     ZO_RETURN_IF_ERROR(RemoveTree(prev));
     if (::rename(target.c_str(), prev.c_str()) != 0) {
@@ -164,92 +222,159 @@ Result<CheckpointMeta> ReadCheckpointMeta(const std::string& dir, std::string* f
     source = target + ".prev";  // a save was cut between its two renames
   }
   const std::string path = StrCat(source, "/", kManifest);
-  std::ifstream in(path);
-  if (!in) {
+  if (!Exists(path)) {
     return NotFoundError(StrCat("checkpoint: no ", kManifest, " in ", dir,
                                 Exists(dir) ? "" : " (the directory does not exist)"));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  ZO_ASSIGN_OR_RETURN(const std::string text,
+                      ReadBoundedFile(path, kMaxManifestBytes, "checkpoint manifest"));
+  ZO_ASSIGN_OR_RETURN(CheckpointMeta meta, ParseCheckpointManifest(text, path));
+  uint64_t end = 0;
+  for (const CheckpointEntry& e : meta.entries) end += e.bytes();
+  struct stat st {};
+  const std::string state = StrCat(source, "/", kState);
+  if (::stat(state.c_str(), &st) != 0) return StatusFromErrno(errno, StrCat("checkpoint: ", state));
+  if (static_cast<uint64_t>(st.st_size) != end) {
+    return DataLossError(StrCat("checkpoint: ", state, " has ", st.st_size,
+                                " bytes; its manifest lists ", end, " (truncated or replaced)"));
+  }
+  *from = source;
+  return meta;
+}
+
+Result<CheckpointMeta> ParseCheckpointManifest(std::string_view text, const std::string& path) {
+  ZO_ASSIGN_OR_RETURN(const nlohmann::json j, ParseJson(text, path, StatusCode::kDataLoss));
   auto bad = [&path](const std::string& what) {
     return DataLossError(StrCat("checkpoint: ", path, ": ", what));
   };
-  if (j.is_discarded() || !j.is_object()) return bad("not a JSON object");
-  if (j.value("format", "") != "zoffload-checkpoint") return bad("not a zoffload checkpoint");
-  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"] != kVersion) {
-    return bad(StrCat("format version ", j.contains("version") ? j["version"].dump() : "missing",
-                      "; this build reads version ", kVersion));
+  if (!j.is_object()) return bad("not a JSON object");
+  if (FieldOf<std::string>(j, "format") != "zoffload-checkpoint") {
+    return bad("not a zoffload checkpoint");
   }
+  const auto version = FieldOf<int64_t>(j, "version");
+  if (version != 1 && version != kVersion) {
+    return bad(StrCat("format version ", j.contains("version") ? j["version"].dump() : "missing",
+                      "; this build reads versions 1 to ", kVersion));
+  }
+  if (version == kVersion) {
+    const auto crc = FieldOf<uint64_t>(j, "manifest_crc32c");
+    if (!crc) return bad("'manifest_crc32c' missing: the manifest cannot be checked");
+    if (*crc != ManifestCrc(j)) {
+      return bad(StrCat("the manifest fails its checksum (CRC32C ", ManifestCrc(j),
+                        ", it says ", *crc, "): it was edited or damaged"));
+    }
+  }
+  // Every field, checked for its type and range: a manifest is data from disk.
+  auto field = [&bad]<typename T>(const nlohmann::json& o, const char* key, T* out,
+                                  const char* what) -> Status {
+    std::optional<T> v = FieldOf<T>(o, key);
+    if (!v) return bad(StrCat("'", key, "' missing or not ", what));
+    *out = *v;
+    return Status::Ok();
+  };
   CheckpointMeta meta;
-  auto number = [&](const nlohmann::json& o, const char* key, auto* out) -> Status {
-    if (!o.is_object() || !o.contains(key) || !o[key].is_number()) {
-      return bad(StrCat("'", key, "' missing or not a number"));
-    }
-    *out = o[key].get<std::remove_pointer_t<decltype(out)>>();
-    return Status::Ok();
-  };
-  auto string = [&](const nlohmann::json& o, const char* key, std::string* out) -> Status {
-    if (!o.is_object() || !o.contains(key) || !o[key].is_string()) {
-      return bad(StrCat("'", key, "' missing or not a string"));
-    }
-    *out = o[key].get<std::string>();
-    return Status::Ok();
-  };
-  ZO_RETURN_IF_ERROR(number(j, "steps", &meta.steps));
-  if (!j.contains("loss_scale")) return bad("'loss_scale' missing");
-  ZO_RETURN_IF_ERROR(number(j["loss_scale"], "scale", &meta.loss_scale));
-  ZO_RETURN_IF_ERROR(number(j["loss_scale"], "overflows", &meta.overflows));
-  ZO_RETURN_IF_ERROR(number(j["loss_scale"], "good_steps", &meta.good_steps));
-  ZO_RETURN_IF_ERROR(string(j, "optimizer_state", &meta.precision));
-  ZO_RETURN_IF_ERROR(string(j, "config_fingerprint", &meta.fingerprint));
-  if (!j.contains("groups") || !j["groups"].is_array()) return bad("'groups' missing");
+  ZO_RETURN_IF_ERROR(field(j, "steps", &meta.steps, "an integer"));
+  if (meta.steps < 0) return bad(StrCat("'steps' is ", meta.steps));
+  const nlohmann::json& ls = j.contains("loss_scale") ? j["loss_scale"] : nlohmann::json();
+  double scale = 0;
+  int64_t overflows = 0, good_steps = 0;
+  ZO_RETURN_IF_ERROR(field(ls, "scale", &scale, "a number"));
+  ZO_RETURN_IF_ERROR(field(ls, "overflows", &overflows, "an integer"));
+  ZO_RETURN_IF_ERROR(field(ls, "good_steps", &good_steps, "an integer"));
+  if (!(scale > 0 && scale <= std::numeric_limits<float>::max()) || overflows < 0 ||
+      good_steps < 0 || overflows > INT32_MAX || good_steps > INT32_MAX) {
+    return bad(StrCat("'loss_scale' ", ls.dump(), " is out of range"));
+  }
+  meta.loss_scale = static_cast<float>(scale);
+  meta.overflows = static_cast<int>(overflows);
+  meta.good_steps = static_cast<int>(good_steps);
+  ZO_RETURN_IF_ERROR(field(j, "optimizer_state", &meta.precision, "a string"));
+  std::optional<StatePrecision> precision;
+  for (StatePrecision p : {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+    if (ToString(p) == meta.precision) precision = p;
+  }
+  if (!precision) return bad(StrCat("unknown optimizer_state '", meta.precision, "'"));
+  ZO_RETURN_IF_ERROR(field(j, "config_fingerprint", &meta.fingerprint, "a string"));
+  if (!j.contains("groups") || !j["groups"].is_array() || j["groups"].empty()) {
+    return bad("'groups' missing or empty");
+  }
   for (const auto& g : j["groups"]) {
     ParamGroup group;
-    ZO_RETURN_IF_ERROR(number(g, "lr", &group.lr));
-    ZO_RETURN_IF_ERROR(number(g, "eps", &group.eps));
-    ZO_RETURN_IF_ERROR(number(g, "weight_decay", &group.weight_decay));
+    ZO_RETURN_IF_ERROR(field(g, "lr", &group.lr, "a number"));
+    ZO_RETURN_IF_ERROR(field(g, "eps", &group.eps, "a number"));
+    ZO_RETURN_IF_ERROR(field(g, "weight_decay", &group.weight_decay, "a number"));
     if (!g.contains("betas") || !g["betas"].is_array() || g["betas"].size() != 2 ||
         !g["betas"][0].is_number() || !g["betas"][1].is_number()) {
       return bad("a group's 'betas' is not two numbers");
     }
     group.beta1 = g["betas"][0].get<double>();
     group.beta2 = g["betas"][1].get<double>();
+    if (!(group.lr >= 0) || !(group.eps > 0) || !(group.weight_decay >= 0) ||
+        !(group.beta1 >= 0 && group.beta1 < 1) || !(group.beta2 >= 0 && group.beta2 < 1)) {
+      return bad(StrCat("group ", meta.groups.size(), " has hyperparameters no optimizer takes: ",
+                        g.dump(), " (lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0)"));
+    }
     meta.groups.push_back(group);
   }
   if (!j.contains("parameters") || !j["parameters"].is_array()) return bad("'parameters' missing");
+  std::set<std::string> names;
+  uint64_t end = 0;  // of the entries so far in state.bin: each follows the last
   for (const auto& p : j["parameters"]) {
     CheckpointEntry e;
     std::string dtype;
-    ZO_RETURN_IF_ERROR(string(p, "name", &e.name));
-    ZO_RETURN_IF_ERROR(number(p, "elements", &e.elements));
+    int64_t group = 0;
+    ZO_RETURN_IF_ERROR(field(p, "name", &e.name, "a string"));
+    if (e.name.empty() || !names.insert(e.name).second) {
+      return bad(StrCat("parameter name '", e.name, "' is empty or listed twice"));
+    }
+    ZO_RETURN_IF_ERROR(field(p, "elements", &e.elements, "a count"));
+    if (e.elements == 0 || e.elements > kMaxElements) {
+      return bad(StrCat("'", e.name, "': ", e.elements, " elements"));
+    }
     // The shape (absent in checkpoints written before it was kept: flat).
     e.shape = {e.elements};
     if (p.contains("shape")) {
       uint64_t product = 1;
-      if (!p["shape"].is_array()) return bad(StrCat("'", e.name, "': 'shape' is not an array"));
+      if (!p["shape"].is_array() || p["shape"].size() > 64) {
+        return bad(StrCat("'", e.name, "': 'shape' is not an array of sizes"));
+      }
       e.shape.clear();
       for (const auto& d : p["shape"]) {
         if (!d.is_number_unsigned()) return bad(StrCat("'", e.name, "': 'shape' is not sizes"));
         e.shape.push_back(d.get<uint64_t>());
-        product *= e.shape.back();
+        if (__builtin_mul_overflow(product, e.shape.back(), &product)) product = 0;
       }
       if (product != e.elements) {
         return bad(StrCat("'", e.name, "': 'shape' ", p["shape"].dump(), " does not hold ",
                           e.elements, " elements"));
       }
     }
-    ZO_RETURN_IF_ERROR(string(p, "dtype", &dtype));
+    ZO_RETURN_IF_ERROR(field(p, "dtype", &dtype, "a string"));
     auto parsed = DTypeNamed(dtype);
-    if (!parsed.ok()) return bad(std::string(parsed.status().message()));
+    if (!parsed.ok()) return bad(StrCat("'", e.name, "': ", parsed.status().message()));
     e.dtype = *parsed;
-    ZO_RETURN_IF_ERROR(number(p, "group", &e.group));
-    ZO_RETURN_IF_ERROR(number(p, "moment_bytes", &e.moment_bytes));
-    ZO_RETURN_IF_ERROR(number(p, "offset", &e.offset));
-    ZO_RETURN_IF_ERROR(number(p, "crc32c", &e.crc));
+    ZO_RETURN_IF_ERROR(field(p, "group", &group, "an integer"));
+    if (group < 0 || group >= static_cast<int64_t>(meta.groups.size())) {
+      return bad(StrCat("'", e.name, "': group ", group, " of ", meta.groups.size()));
+    }
+    e.group = static_cast<int>(group);
+    ZO_RETURN_IF_ERROR(field(p, "moment_bytes", &e.moment_bytes, "a count"));
+    if (e.moment_bytes != AdamMomentBytes(*precision, e.elements)) {
+      return bad(StrCat("'", e.name, "': ", e.moment_bytes, " bytes a moment; ", e.elements, " ",
+                        meta.precision, " elements take ",
+                        AdamMomentBytes(*precision, e.elements)));
+    }
+    ZO_RETURN_IF_ERROR(field(p, "offset", &e.offset, "a count"));
+    if (e.offset != end) {
+      return bad(StrCat("'", e.name, "': offset ", e.offset, "; the entry before it ends at ", end));
+    }
+    if (__builtin_add_overflow(end, e.bytes(), &end)) return bad("the entries' sizes overflow");
+    uint64_t crc = 0;
+    ZO_RETURN_IF_ERROR(field(p, "crc32c", &crc, "a count"));
+    if (crc > UINT32_MAX) return bad(StrCat("'", e.name, "': crc32c ", crc, " is not 32 bits"));
+    e.crc = static_cast<uint32_t>(crc);
     meta.entries.push_back(std::move(e));
   }
-  *from = source;
   return meta;
 }
 

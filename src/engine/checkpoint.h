@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/loss_scaler.h"
@@ -67,9 +68,15 @@ using ReadEntry = std::function<Status(size_t i, float* master, std::byte* m, st
 /// `dir`, atomically (see above). Offsets and CRCs are filled in here.
 Status WriteCheckpoint(const std::string& dir, CheckpointMeta meta, const ReadEntry& read);
 
-/// The manifest of the checkpoint in `dir` (or in DIR.prev, see above); `*from` is the
-/// directory read.
+/// The manifest of the checkpoint in `dir` (or in DIR.prev, see above), read with the bounded
+/// reader and ParseCheckpointManifest, its state.bin checked to be the size it lists; `*from`
+/// is the directory read.
 Result<CheckpointMeta> ReadCheckpointMeta(const std::string& dir, std::string* from);
+
+/// A manifest's text (read from `path`, for messages) checked field by field: its checksum
+/// (format version 2), every field's type and range, unique names, contiguous entries whose
+/// moment bytes match the precision. DATA_LOSS naming the field otherwise.
+Result<CheckpointMeta> ParseCheckpointManifest(std::string_view text, const std::string& path);
 
 /// A parameter as registered where a checkpoint is loaded.
 struct RegisteredParam {

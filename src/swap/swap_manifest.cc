@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_file.h"
 #include "common/strings.h"
 
 namespace zoffload::internal {
@@ -106,10 +107,13 @@ class Fields {
 }  // namespace
 
 Result<SwapManifest> ParseSwapManifest(std::string_view text, std::string_view path) {
-  const Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return DataLossError(StrCat(path, " is not a readable zoffload swap manifest (not JSON)"));
+  auto parsed = ParseJson(text, path, StatusCode::kDataLoss);
+  if (!parsed.ok() || !parsed->is_object()) {
+    return DataLossError(StrCat(path, " is not a readable zoffload swap manifest (",
+                                parsed.ok() ? "not a JSON object" : parsed.status().message(),
+                                ")"));
   }
+  const Json& j = *parsed;
   SwapManifest m;
   Fields top(j, "", path);
   std::string format;

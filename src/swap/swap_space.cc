@@ -12,11 +12,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -24,6 +22,7 @@
 
 #include "common/aligned_buffer.h"
 #include "common/errno_status.h"
+#include "common/json_file.h"
 #include "common/log.h"
 #include "common/pid_lock.h"
 #include "common/strings.h"
@@ -359,8 +358,8 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
   }
   ZO_ASSIGN_OR_RETURN(impl->engine, IoEngine::Create(std::move(engine_options)));
 
-  std::ifstream in(impl->manifest_path);
-  if (!in) {
+  struct stat manifest_stat {};
+  if (::lstat(impl->manifest_path.c_str(), &manifest_stat) != 0) {
     // No manifest: a new space, unless swap files are there (a deleted or lost manifest),
     // whose data must not be taken for free space.
     for (const std::string& dir : impl->options.paths) {
@@ -380,10 +379,11 @@ Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
     ZO_RETURN_IF_ERROR(impl->PersistManifest());  // also proves the directory is writable
     return std::unique_ptr<SwapSpace>(new SwapSpace(std::move(impl)));
   }
-  std::stringstream text;
-  text << in.rdbuf();
   const std::string& mpath = impl->manifest_path;
-  ZO_ASSIGN_OR_RETURN(const SwapManifest m, ParseSwapManifest(text.str(), mpath));
+  // A manifest holds a few bytes per block: 1 GiB covers petabytes of swap.
+  ZO_ASSIGN_OR_RETURN(const std::string text,
+                      ReadBoundedFile(mpath, uint64_t{1} << 30, "swap manifest"));
+  ZO_ASSIGN_OR_RETURN(const SwapManifest m, ParseSwapManifest(text, mpath));
   if (m.version != kSwapManifestVersion) {
     return InvalidArgumentError(StrCat(mpath, " has manifest version ", m.version,
                                        "; this build reads version ", kSwapManifestVersion));

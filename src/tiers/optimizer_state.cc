@@ -372,6 +372,7 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
     const GradNorm found = norm != nullptr ? *norm : GradientNorm(grad_shards, options_.threads);
     if (!found.finite) {
       result.skipped = true;
+      result.grad_norm = NonfiniteNorm(found.l2);
       return std::nullopt;
     }
     return ClipAndUnscale(found.l2, loss_scale, max_grad_norm, &result.grad_norm,

@@ -5,13 +5,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <ctime>
+#include <filesystem>
 #include <thread>
 
 #include "common/aligned_buffer.h"
 #include "common/errno_status.h"
+#include "common/log.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
 
@@ -24,6 +29,29 @@ constexpr int kMaxWorld = 1024;
 // A collective's kind, in the top bits of its call word (the size below them).
 enum Kind : uint64_t { kAllReduce = 1, kReduceScatter = 2, kAllGather = 3 };
 constexpr int kKindShift = 60;
+
+// How often a waiting rank checks that the ranks it waits for are still alive.
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+// Segments of this prefix in /dev/shm are HostComm's (ZeroOptimizer names them so).
+constexpr std::string_view kSegmentPrefix = "zoffload-";
+
+// False only when `pid` is known to be gone: no such process (kill(2): ESRCH; EPERM means it
+// runs as another user), or a zombie (exited, not yet reaped by its parent). 0: not attached
+// yet, so not known to be gone.
+bool Alive(int32_t pid) {
+  if (pid <= 0) return true;
+  if (::kill(pid, 0) != 0) return errno != ESRCH;
+  // /proc/PID/stat: "PID (COMM) STATE ..."; COMM may hold spaces and parentheses.
+  char stat[512];
+  const int fd = ::open(StrCat("/proc/", pid, "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;
+  const ssize_t n = ::read(fd, stat, sizeof(stat) - 1);
+  ::close(fd);
+  if (n <= 0) return true;
+  const std::string_view text(stat, static_cast<size_t>(n));
+  const size_t close = text.rfind(')');
+  return close == std::string_view::npos || close + 2 >= text.size() || text[close + 2] != 'Z';
+}
 
 std::string DescribeCall(uint64_t call) {
   const uint64_t size = call & ((uint64_t{1} << kKindShift) - 1);
@@ -49,9 +77,43 @@ struct HostComm::Header {
   std::atomic<uint64_t> generation;          // barriers completed
   std::atomic<uint64_t> arrived[kMaxWorld];  // each rank's barriers reached
   std::atomic<uint64_t> call[kMaxWorld];     // each rank's current collective (Kind, size)
+  std::atomic<int32_t> pid[kMaxWorld];       // each rank's process, once it has attached
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free");
+
+namespace {
+
+// Removes the names of segments in /dev/shm whose rank 0 died before every rank joined (a
+// joined run's segment has no name left): the one leftover a kill can make, which no process
+// of that run remains to remove. A segment too small to hold a header is removed once it is a
+// minute old (its creator died between creating and sizing it).
+void RemoveAbandonedSegments() {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(kSegmentPrefix)) continue;
+    UniqueFd fd(::shm_open(("/" + name).c_str(), O_RDONLY, 0));
+    struct stat st {};
+    if (!fd.valid() || ::fstat(fd.get(), &st) != 0) continue;
+    bool abandoned = false;
+    if (static_cast<size_t>(st.st_size) < sizeof(HostComm::Header)) {
+      abandoned = ::time(nullptr) - st.st_mtime > 60;
+    } else {
+      void* map = ::mmap(nullptr, sizeof(HostComm::Header), PROT_READ, MAP_SHARED, fd.get(), 0);
+      if (map == MAP_FAILED) continue;
+      const int32_t creator = static_cast<const HostComm::Header*>(map)->pid[0].load();
+      abandoned = creator > 0 && !Alive(creator);
+      ::munmap(map, sizeof(HostComm::Header));
+    }
+    if (abandoned && ::shm_unlink(("/" + name).c_str()) == 0) {
+      Log(LogLevel::kWarning, StrCat("host communicator: removed /dev/shm/", name,
+                                     ", left by a run whose rank 0 died before every rank joined"));
+    }
+  }
+}
+
+}  // namespace
 
 Result<std::unique_ptr<HostComm>> HostComm::Create(const Options& o) {
   const uint64_t unit = 4 * static_cast<uint64_t>(std::max(o.world, 1));
@@ -68,6 +130,7 @@ Result<std::unique_ptr<HostComm>> HostComm::Create(const Options& o) {
   const auto deadline = std::chrono::steady_clock::now() + o.timeout;
   UniqueFd fd;
   if (o.rank == 0) {
+    RemoveAbandonedSegments();
     ::shm_unlink(path.c_str());  // a stale segment of a run with the same name
     fd = UniqueFd(::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
     if (!fd.valid()) return StatusFromErrno(errno, StrCat("host communicator: creating ", path));
@@ -101,10 +164,17 @@ Result<std::unique_ptr<HostComm>> HostComm::Create(const Options& o) {
   comm->header_ = static_cast<Header*>(map);
   Header& h = *comm->header_;
   if (o.rank == 0) {  // the segment starts zeroed
+    h.pid[0].store(static_cast<int32_t>(::getpid()));
     h.world.store(static_cast<uint32_t>(o.world));
     h.magic.store(kMagic, std::memory_order_release);
   } else {
     while (h.magic.load(std::memory_order_acquire) != kMagic) {
+      if (!Alive(h.pid[0].load())) {
+        ::shm_unlink(path.c_str());  // rank 0 cannot remove it any more
+        return Status(StatusCode::kUnavailable,
+                      StrCat("host communicator: rank 0 (pid ", h.pid[0].load(), ") of ", path,
+                             " died while setting it up; removed the segment"));
+      }
       if (std::chrono::steady_clock::now() > deadline) {
         return Status(StatusCode::kUnavailable,
                       StrCat("host communicator: rank 0 did not set ", path, " up within ",
@@ -116,15 +186,20 @@ Result<std::unique_ptr<HostComm>> HostComm::Create(const Options& o) {
       return InvalidArgumentError(StrCat("host communicator: rank ", o.rank, " has world size ",
                                          o.world, "; rank 0 has ", h.world.load()));
     }
+    h.pid[o.rank].store(static_cast<int32_t>(::getpid()));
   }
   // Everyone is attached before anyone goes on. Then rank 0 removes the name: a run killed
   // later leaves nothing in /dev/shm, and a relaunch under the same name (torchrun restarts
   // keep it) cannot attach to this run's segment.
-  ZO_RETURN_IF_ERROR(comm->Barrier().WithContext("host communicator: joining"));
-  if (o.rank == 0) {
-    ::shm_unlink(path.c_str());
-    comm->named_ = false;
+  if (Status joined = comm->Barrier(); !joined.ok()) {
+    // Rank 0 gone before everyone joined: no one else would remove the name.
+    if (o.rank != 0 && !Alive(h.pid[0].load())) ::shm_unlink(path.c_str());
+    return joined.WithContext("host communicator: joining");
   }
+  // Every rank removes the name (the first one does it; ENOENT for the others): a rank 0 killed
+  // right after joining cannot leave it behind.
+  ::shm_unlink(path.c_str());
+  comm->named_ = false;
   return comm;
 }
 
@@ -144,8 +219,8 @@ Status HostComm::Broken() const {
   if (header_->aborted.load(std::memory_order_acquire) != 0) {
     return Status(StatusCode::kCancelled,
                   StrCat("host communicator '", options_.name,
-                         "': another rank gave up waiting "
-                         "for a rank that did not arrive; this run cannot go on"));
+                         "': another rank found a rank dead or not "
+                         "arriving; this run cannot go on"));
   }
   return Status::Ok();
 }
@@ -161,10 +236,26 @@ Status HostComm::Barrier() {
     h.generation.fetch_add(1, std::memory_order_acq_rel);
     return Status::Ok();
   }
-  const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + options_.timeout;
+  auto next_check = start + kLivenessPeriod;
   for (int spins = 0; h.generation.load(std::memory_order_acquire) == generation; ++spins) {
     ZO_RETURN_IF_ERROR(Broken());
-    if (std::chrono::steady_clock::now() > deadline) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now > next_check) {  // a rank that died will never arrive: no need to wait it out
+      next_check = now + kLivenessPeriod;
+      for (int r = 0; r < options_.world; ++r) {
+        const int32_t pid = h.pid[r].load();
+        if (h.arrived[r].load() >= barriers_ || Alive(pid)) continue;
+        h.aborted.store(1, std::memory_order_release);
+        broken_ = Status(StatusCode::kUnavailable,
+                         StrCat("host communicator '", options_.name, "': rank(s) ", r,
+                                " did not reach barrier ", barriers_, ": rank ", r, " (pid ", pid,
+                                ") has died; this run cannot go on"));
+        return broken_;
+      }
+    }
+    if (now > deadline) {
       std::string missing;
       for (int r = 0; r < options_.world; ++r) {
         if (h.arrived[r].load() < barriers_) missing += StrCat(missing.empty() ? "" : ", ", r);

@@ -3,16 +3,19 @@
 // segment — the CPU backend next to NCCL (as gloo is for torch), so the partition, bucketing and
 // overlap logic runs with world sizes 2-8 on a machine without GPUs.
 //
-// The segment (/dev/shm/<name>, created by rank 0, which removes the name as soon as every rank
-// has joined; the name must be unique among the runs going on) holds a header and one region of
+// The segment (/dev/shm/<name>, created by rank 0; every rank removes the name as soon as all
+// have joined; the name must be unique among the runs going on) holds a header and one region of
 // `region_bytes` per rank. A collective goes through in chunks that fit the regions: each rank
 // writes its chunk into its own region, all meet at a barrier, each reads what it needs from every
 // region, all meet again. Reductions add the ranks' values in rank order (0, 1, ..., N-1), from
 // rank 0's value, on every rank, so every rank gets the same bits, run after run.
 //
-// Failure: a barrier waits at most `timeout`; then the waiting rank marks the communicator
-// aborted (the others see it at once) and returns an error naming the ranks that never
-// arrived (a rank that died mid-step). After that every call fails; nothing hangs. Ranks that
+// Failure: each rank's pid is in the header; a rank waiting at a barrier checks every 100 ms
+// that the ranks it waits for are alive, and at most `timeout` in all. A dead rank, or the
+// timeout, makes it mark the communicator aborted (the others see it at once) and return an
+// error naming the ranks (and pids) that never arrived. A segment whose rank 0 died before
+// every rank joined is removed by a joining rank that sees it, or else by the next run's rank
+// 0 (the pid in its header is gone): none is left in /dev/shm for good. After that every call fails; nothing hangs. Ranks that
 // call different collectives (kind or size) all fail with an error naming both calls, instead
 // of mixing each other's data.
 #pragma once
@@ -49,8 +52,9 @@ class HostComm final : public Communicator {
   Status ReduceScatterSum(const float* send, float* recv, uint64_t count) override;
   Status AllGather(const void* send, void* recv, uint64_t bytes) override;
 
+ struct Header;  // the segment's first page (host_comm.cc)
+
  private:
-  struct Header;
   explicit HostComm(const Options& options) : options_(options) {}
   std::byte* region(int rank) const;
   void AddInRankOrder(uint64_t at, uint64_t n, float* out) const;
@@ -64,7 +68,7 @@ class HostComm final : public Communicator {
   size_t map_bytes_ = 0;
   Header* header_ = nullptr;
   uint64_t barriers_ = 0;  // this rank's barriers so far
-  bool named_ = true;      // rank 0: the segment's name still exists
+  bool named_ = true;      // the segment's name may still exist (before every rank joined)
   Status broken_;
 };
 

@@ -108,7 +108,8 @@ Result<std::string> ZeroRank::NewNcclId() {
 namespace {
 
 // The rank's NCCL communicator on its device (rank.nccl_id set).
-Result<std::unique_ptr<internal::zero::Communicator>> NcclFor(const ZeroRank& rank) {
+Result<std::unique_ptr<internal::zero::Communicator>> NcclFor(const ZeroRank& rank,
+                                                              std::chrono::milliseconds timeout) {
 #if ZO_HAVE_CUDA
   auto id = internal::NcclUniqueId::FromHex(rank.nccl_id);
   if (!id.ok()) {
@@ -124,11 +125,12 @@ Result<std::unique_ptr<internal::zero::Communicator>> NcclFor(const ZeroRank& ra
   ZO_ASSIGN_OR_RETURN(internal::NcclComm nccl,
                       internal::NcclComm::Init(rank.world, rank.rank, *id));
   internal::zero::NcclCommunicator::Options o;
-  o.timeout = rank.timeout;
+  o.timeout = timeout;
   ZO_ASSIGN_OR_RETURN(auto comm, internal::zero::NcclCommunicator::Create(std::move(nccl), o));
   return std::unique_ptr<internal::zero::Communicator>(std::move(comm));
 #else
   (void)rank;
+  (void)timeout;
   return Status(StatusCode::kUnimplemented, "ZeRO over NCCL: this build has no CUDA");
 #endif
 }
@@ -152,14 +154,16 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
                                        "'; use letters, digits, '.', '_' and '-' (at most 200)"));
   }
   auto impl = std::make_unique<Impl>();
+  const auto timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(config.zoffload.comm_timeout_seconds * 1000));
   if (!rank.nccl_id.empty()) {
-    ZO_ASSIGN_OR_RETURN(impl->comm, NcclFor(rank));
+    ZO_ASSIGN_OR_RETURN(impl->comm, NcclFor(rank, timeout));
   } else {
     internal::zero::HostComm::Options co;
     co.name = StrCat("zoffload-", rank.run);
     co.rank = rank.rank;
     co.world = rank.world;
-    co.timeout = rank.timeout;
+    co.timeout = timeout;
     ZO_ASSIGN_OR_RETURN(impl->comm, internal::zero::HostComm::Create(co));
   }
   ZO_ASSIGN_OR_RETURN(impl->zero, internal::zero::ZeroOptimizer::Create(

@@ -488,6 +488,7 @@ Result<EngineStepStats> ZeroOptimizer::Step() {
     if (!result.skipped) stats.adam_seconds = state_->last_step().adam_seconds;
   } else if (!norm.finite) {  // this rank owns no elements: the same decision, no update
     result.skipped = true;
+    result.grad_norm = NonfiniteNorm(norm.l2);
   } else {
     ClipAndUnscale(norm.l2, scale, max_norm, &result.grad_norm, &result.clip_coef);
   }

@@ -3,6 +3,8 @@
 // (docs/perf/finetune_7b_h200*.json): step time within 15 %, memory within 10 %.
 #include "plan/plan.h"
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <fstream>
 #include <string>
@@ -416,6 +418,55 @@ TEST(PlanTest, EstimatesMatchTheEngineBenchOnTheDevBox) {
     EXPECT_LE(std::abs(e.step_seconds / run["step_seconds"].get<double>() - 1), 0.15)
         << overlap << ": " << e.step_seconds;
   }
+}
+
+// Inputs that are not what they claim: special files are refused unread (one bounded reader),
+// wrong types in records or config.json are errors or ignored, never an exception, and sizes
+// past 2^50 are refused instead of wrapping into a plan that "fits".
+TEST(PlanTest, BadInputsAreRefusedNeverReadWithoutBoundOrWrapped) {
+  testing::TempDir dir;
+  const std::string tool = ZO_PLAN_BIN;
+  const std::string fifo = dir.File("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  for (const std::string& file : {std::string("/dev/zero"), fifo, dir.path()}) {
+    for (const std::string flag : {" --bench-json ", " --model "}) {
+      const std::string model = flag == " --model " ? "" : " --model llama-7b";
+      testing::CommandResult r =
+          testing::RunCommand(tool + model + flag + file + " --gpu-mem 24GiB 2>&1");
+      EXPECT_NE(r.exit_code, 0) << flag << file << ": " << r.output;
+      EXPECT_NE(r.output.find(file), std::string::npos) << r.output;
+    }
+  }
+  // Types other than expected: records of the wrong type are skipped; a config.json's sizes
+  // must be integers in range.
+  const std::string records = dir.File("records.json");
+  std::ofstream(records) << R"([{"profile": 7}, {"profile": "adam", "rule": ["adam"],
+      "state": "fp32", "Gparams_per_s": "fast"}, {"system": {"fwd_bwd": 1}},
+      {"system": "zoffload:none:fp32", "steps": 3}])";
+  testing::CommandResult r = testing::RunCommand(
+      tool + " --model llama-7b --gpu-mem 24GiB --host-mem 125GiB --bench-json " + records +
+      " 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const std::string model = dir.File("config.json");
+  for (const char* text :
+       {R"({"vocab_size": 32000, "hidden_size": "4096"})",
+        R"({"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "tie_word_embeddings": "no",
+            "num_key_value_heads": 64})",
+        R"({"vocab_size": 32000, "hidden_size": 4294967296, "intermediate_size": 11008,
+            "num_hidden_layers": 32, "num_attention_heads": 32})"}) {
+    std::ofstream(model, std::ios::trunc) << text;
+    r = testing::RunCommand(tool + " --model " + model + " --gpu-mem 24GiB 2>&1");
+    EXPECT_EQ(r.exit_code, 1) << text << ": " << r.output;
+    EXPECT_NE(r.output.find(model), std::string::npos) << r.output;
+  }
+  for (const char* size : {"9223372036854775808", "2048T", "1125899906842625"}) {
+    r = testing::RunCommand(tool + " --params " + size + " --gpu-mem 24GiB 2>&1");
+    EXPECT_EQ(r.exit_code, 2) << size << ": " << r.output;
+    EXPECT_NE(r.output.find("2^50"), std::string::npos) << r.output;
+  }
+  r = testing::RunCommand(tool + " --model llama-7b --gpu-mem 9223372036854775808 2>&1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
 // The tool as a user runs it: advice that the config parser accepts, the JSON, and clear

@@ -3,6 +3,8 @@
 // order; a rank that dies makes the others fail within the timeout, naming it.
 #include "zero/host_comm.h"
 
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -150,6 +152,67 @@ TEST(HostCommTest, BadOptionsAreAClearError) {
   comm = HostComm::Create(o);
   EXPECT_EQ(comm.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(comm.status().message().find("is rank 0 running"), std::string::npos) << comm.status();
+}
+
+// A rank that dies is noticed by its pid within a fraction of a second, not after the timeout
+// (here the config's default, 300 s): the survivors' error names its rank and pid.
+TEST(HostCommTest, ADeadRanksPidIsNoticedWithinSeconds) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string name = StrCat("zoffload-test-", ::getpid(), "-pid");
+  const std::vector<int> codes = RunRanks(3, [&](int r) {
+    HostComm::Options o = Options(name, r, 3);
+    o.timeout = std::chrono::milliseconds(300'000);
+    auto comm = HostComm::Create(o);
+    if (!comm.ok()) return 1;
+    if (r == 1) return 0;  // exits (a zombie until reaped: dead all the same)
+    const Status s = (*comm)->Barrier();
+    if (s.ok()) return 2;
+    const bool named = s.message().find("rank 1 (pid ") != std::string::npos &&
+                       s.message().find("has died") != std::string::npos;
+    return named || s.code() == StatusCode::kCancelled ? 0 : 3;
+  });
+  EXPECT_EQ(codes, (std::vector<int>{0, 0, 0}));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+bool SegmentExists(const std::string& name) { return ::access(("/dev/shm/" + name).c_str(), F_OK) == 0; }
+
+// Rank 0 of `name` (world 2), SIGKILLed while it waits for rank 1 to join; reaped.
+void KillRankZeroWhileJoining(const std::string& name) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    HostComm::Options o = Options(name, 0, 2);
+    auto comm = HostComm::Create(o);
+    ::_exit(comm.ok() ? 0 : 1);
+  }
+  for (int i = 0; i < 5000 && !SegmentExists(name); ++i) ::usleep(1000);
+  ::usleep(20'000);  // past its header's setup
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+}
+
+// Rank 0 killed before the others joined leaves its segment's name: a rank that comes to join
+// removes it and says rank 0 died; with no such rank, the next run's rank 0 removes it.
+TEST(HostCommTest, ARankZeroKilledBeforeTheOthersJoinedLeavesNoSegment) {
+  const std::string joined = StrCat("zoffload-test-", ::getpid(), "-killed0");
+  KillRankZeroWhileJoining(joined);
+  ASSERT_TRUE(SegmentExists(joined));
+  const auto start = std::chrono::steady_clock::now();
+  HostComm::Options o = Options(joined, 1, 2);
+  auto comm = HostComm::Create(o);
+  // Rank 0 reached the join before it died: rank 1 completes it, and removes the name.
+  EXPECT_FALSE(SegmentExists(joined));
+  if (!comm.ok()) {
+    EXPECT_NE(comm.status().message().find("rank 0"), std::string::npos) << comm.status();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+
+  const std::string alone = StrCat("zoffload-test-", ::getpid(), "-killed0-alone");
+  KillRankZeroWhileJoining(alone);
+  ASSERT_TRUE(SegmentExists(alone));
+  auto next = HostComm::Create(Options(StrCat("zoffload-test-", ::getpid(), "-next"), 0, 1));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_FALSE(SegmentExists(alone));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -107,6 +108,24 @@ TEST(ZeroRankTest, BadEnvironmentIsAClearError) {
 #else
   EXPECT_EQ(z.status().code(), StatusCode::kUnimplemented) << z.status();
 #endif
+}
+
+// The C++ optimizer waits for the other ranks as long as the config's
+// zoffload.comm_timeout_seconds says (as Python's does), not a fixed 300 s.
+TEST(ZeroRankTest, TheConfigsCommTimeoutBoundsTheWait) {
+  auto config = ParseConfig(R"({"zero_optimization": {"stage": 2,
+      "offload_optimizer": {"device": "cpu"}}, "zoffload": {"comm_timeout_seconds": 0.5}})");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ZeroRank alone;
+  alone.rank = 1;
+  alone.world = 2;
+  alone.run = internal::StrCat("timeout-", ::getpid());
+  float w[4] = {};
+  const auto start = std::chrono::steady_clock::now();
+  auto z = ZeroOptimizer::Create(*config, {{"w", w, 4, DType::kFp32}}, alone);
+  EXPECT_EQ(z.status().code(), StatusCode::kUnavailable) << z.status();
+  EXPECT_NE(z.status().message().find("within 500 ms"), std::string::npos) << z.status();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
 // One rank of the public ZeroOptimizer over NCCL (rank 0 of 1 on GPU 0) against the same over

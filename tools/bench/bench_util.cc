@@ -13,6 +13,8 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <future>
 #include <mutex>
 #include <set>
@@ -20,6 +22,7 @@
 
 #include "common/pid_lock.h"
 #include "common/strings.h"
+#include "common/json_file.h"
 #include "common/unique_fd.h"
 
 namespace zoffload::internal::bench {
@@ -325,6 +328,38 @@ void CatchStopSignals() {
     ::raise(sig);
   }).detach();
   started.wait();
+}
+
+uint64_t AvailableHostMemory() {
+  uint64_t available = std::numeric_limits<uint64_t>::max();
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") available = kib * 1024;
+  }
+  // A container's limit (cgroup v2): what its memory.max leaves above memory.current.
+  auto cgroup_value = [](const char* file) -> std::optional<uint64_t> {
+    auto text = ReadBoundedFile(StrCat("/sys/fs/cgroup/", file), 4096, "cgroup file");
+    if (!text.ok() || text->empty() || !std::isdigit(static_cast<unsigned char>((*text)[0]))) {
+      return std::nullopt;  // absent, or "max"
+    }
+    return std::strtoull(text->c_str(), nullptr, 10);
+  };
+  const auto max = cgroup_value("memory.max"), current = cgroup_value("memory.current");
+  if (max && current) available = std::min(available, *max > *current ? *max - *current : 0);
+  return available;
+}
+
+Status CheckHostMemory(std::string_view profile, uint64_t needed, std::string_view what) {
+  const uint64_t available = AvailableHostMemory();
+  if (needed <= available) return Status::Ok();
+  return Status(StatusCode::kResourceExhausted,
+                StrCat(profile, ": ", what, " need ", HumanBytes(needed), " of host memory; ",
+                       HumanBytes(available),
+                       " are available here (MemAvailable, or the cgroup's memory.max): make "
+                       "the run smaller"));
 }
 
 }  // namespace zoffload::internal::bench

@@ -158,6 +158,15 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
   rec.mode = gpu ? "gpu" : "host";
   rec.overlap = std::string(ToString(o.overlap));
 
+  {
+    // Host memory up front: the state (whole pages per tensor and array) twice (the engine's
+    // and CPU Adam's alone, measured first), the gradients and the parameters.
+    uint64_t state = 0;
+    for (uint64_t n : sizes) state += PageBytes(4 * n) + 2 * PageBytes(AdamMomentBytes(o.state, n));
+    ZO_RETURN_IF_ERROR(CheckHostMemory(
+        "engine", state + 2 * o.params + 2 * o.params,
+        StrCat(o.params, " params in ", o.tensors, " tensors (their state, gradients and values)")));
+  }
   // Anchors first, while memory is free.
   Progress progress("engine", o.steps + 4);
   rec.chunk_elements = o.state == StatePrecision::kInt8 ? uint64_t{16} << 20 : uint64_t{4} << 20;

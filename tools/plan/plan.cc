@@ -1,17 +1,29 @@
 #include "plan/plan.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
-#include <fstream>
 #include <optional>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_file.h"
 #include "common/strings.h"
 #include "zoffload/cpu_adam.h"
 
 namespace zoffload::internal::plan {
 namespace {
+
+// A model's config.json or a bench record file: a few MiB at most.
+constexpr uint64_t kMaxJsonBytes = uint64_t{64} << 20;
+
+// A record's field, or "" / 0 when it is absent or of another type.
+std::string Text(const nlohmann::json& r, std::string_view key) {
+  return FieldOf<std::string>(r, key).value_or("");
+}
+double Number(const nlohmann::json& r, std::string_view key) {
+  return FieldOf<double>(r, key).value_or(0.0);
+}
 
 struct Named {
   const char* name;
@@ -86,8 +98,8 @@ Result<ModelShape> ModelNamed(const std::string& name) {
       return m;
     }
   }
-  std::ifstream in(name);
-  if (!in) {
+  struct stat st {};
+  if (::stat(name.c_str(), &st) != 0) {
     const Named* nearest = &kNamed[0];
     for (const Named& n : kNamed) {
       if (EditDistance(name, n.name) < EditDistance(name, nearest->name)) nearest = &n;
@@ -98,30 +110,36 @@ Result<ModelShape> ModelNamed(const std::string& name) {
                                 ") nor a readable config.json; did you mean '", nearest->name,
                                 "'?"));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  ZO_ASSIGN_OR_RETURN(const nlohmann::json j, ReadJsonFile(name, kMaxJsonBytes, "model config"));
+  return ModelFromConfigJson(j, name);
+}
+
+Result<ModelShape> ModelFromConfigJson(const nlohmann::json& j, const std::string& name) {
   if (!j.is_object()) return InvalidArgumentError(StrCat(name, ": not a JSON object"));
   ModelShape m;
   m.name = name;
-  auto size = [&](const char* key, uint64_t* out) -> Status {
-    if (!j.contains(key) || !j[key].is_number_unsigned()) {
+  // Each size positive and at most `most` (so that the counts below cannot wrap).
+  auto size = [&](const char* key, uint64_t* out, uint64_t most = uint64_t{1} << 20) -> Status {
+    const auto v = FieldOf<uint64_t>(j, key);
+    if (!v || *v == 0 || *v > most) {
       return InvalidArgumentError(StrCat(name, ": '", key,
-                                         "' missing or not a positive integer (a Llama-shaped "
-                                         "HuggingFace config.json is expected)"));
+                                         "' missing or not an integer in [1, ", most,
+                                         "] (a Llama-shaped HuggingFace config.json is expected)"));
     }
-    *out = j[key].get<uint64_t>();
+    *out = *v;
     return Status::Ok();
   };
-  ZO_RETURN_IF_ERROR(size("vocab_size", &m.vocab));
+  ZO_RETURN_IF_ERROR(size("vocab_size", &m.vocab, uint64_t{1} << 24));
   ZO_RETURN_IF_ERROR(size("hidden_size", &m.hidden));
   ZO_RETURN_IF_ERROR(size("intermediate_size", &m.intermediate));
-  ZO_RETURN_IF_ERROR(size("num_hidden_layers", &m.layers));
+  ZO_RETURN_IF_ERROR(size("num_hidden_layers", &m.layers, uint64_t{1} << 16));
   ZO_RETURN_IF_ERROR(size("num_attention_heads", &m.heads));
-  m.kv_heads = j.contains("num_key_value_heads") && j["num_key_value_heads"].is_number_unsigned()
-                   ? j["num_key_value_heads"].get<uint64_t>()
-                   : m.heads;
-  m.tied = j.value("tie_word_embeddings", false);
+  m.kv_heads = FieldOf<uint64_t>(j, "num_key_value_heads").value_or(m.heads);
+  if (m.kv_heads == 0 || m.kv_heads > m.heads) {
+    return InvalidArgumentError(StrCat(name, ": num_key_value_heads ", m.kv_heads,
+                                       " is not in [1, num_attention_heads (", m.heads, ")]"));
+  }
+  m.tied = FieldOf<bool>(j, "tie_word_embeddings").value_or(false);
   CountLlama(m);
   return m;
 }
@@ -289,64 +307,68 @@ void Speeds::SetPcie(std::string_view test, double gbps) {
 Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files) {
   Speeds s;
   for (const std::string& file : files) {
-    std::ifstream in(file);
-    if (!in) return NotFoundError(StrCat("--bench-json ", file, ": cannot be read"));
-    std::stringstream text;
-    text << in.rdbuf();
-    const auto j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-    const nlohmann::json* records = &j;
-    if (j.is_object() && j.contains("results")) records = &j["results"];  // bench/finetune_7b.py
-    if (!records->is_array()) {
-      return InvalidArgumentError(
-          StrCat("--bench-json ", file, ": not a list of zoffload-bench records"));
-    }
-    for (const auto& r : *records) {
-      if (!r.is_object()) continue;
-      const std::string profile = r.value("profile", "");
-      const auto state = PrecisionNamed(r.value("state", ""));
-      if (profile == "adam" && r.value("rule", "") == "adam" && state &&
-          r.value("param_copy", "") == "bf16") {
-        s.adam(*state) = std::max(s.adam(*state), r.value("Gparams_per_s", 0.0));
-      } else if (profile == "engine" && state && r.value("adam_alone_gparams", 0.0) > 0) {
-        s.adam(*state) = r.value("adam_alone_gparams", 0.0);
-        if (r.value("grad_alone_seconds", 0.0) > 0) {  // its backward stand-in, no forward
-          s.fwd_bwd_seconds = r.value("grad_alone_seconds", 0.0);
-          s.fwd_bwd_params = r.value("params", uint64_t{0});
-          s.backward_share = 1;
-        }
-      } else if (profile == "step" && r.value("state_on", "") == "nvme") {
-        s.nvme_read_gbps = r.value("read_GBps", 0.0);
-        s.nvme_write_gbps = r.value("write_GBps", 0.0);
-        s.nvme_mixed_gbps = r.value("mixed_GBps", 0.0);
-      } else if (profile == "pcie") {
-        s.SetPcie(r.value("test", ""), r.value("GBps", 0.0));
-      } else if (profile == "nvme") {
-        const double gbps = r.value("GBps", 0.0);
-        double& best = r.value("op", "") == "read" ? s.nvme_read_gbps : s.nvme_write_gbps;
-        best = std::max(best, gbps);
-      } else if (r.value("system", "") == "fwd_bwd") {
-        s.fwd_bwd_seconds = r.value("seconds_per_step", 0.0);
-        s.fwd_bwd_params = r.value("params", uint64_t{0});
-        s.backward_share = kBackwardShare;
-      } else if (r.value("system", "").starts_with("zoffload:none:") && r.contains("steps")) {
-        // CPU Adam inside the exact step (it runs alone there): the median past the warm-up.
-        std::vector<double> adam;
-        for (const auto& step : r["steps"]) {
-          if (step.value("step", 0) > 2) adam.push_back(step.value("adam_seconds", 0.0));
-        }
-        if (adam.empty()) continue;
-        std::sort(adam.begin(), adam.end());
-        const double seconds = adam[adam.size() / 2];
-        // "zoffload:none:STATE[:...]"
-        const std::string rest = r["system"].get<std::string>().substr(14);
-        const auto system_state = PrecisionNamed(rest.substr(0, rest.find(':')));
-        if (system_state && seconds > 0) {
-          s.adam(*system_state) = r.value("params", 0.0) / seconds / 1e9;
-        }
+    ZO_ASSIGN_OR_RETURN(const nlohmann::json j,
+                        ReadJsonFile(file, kMaxJsonBytes, "--bench-json file"));
+    ZO_RETURN_IF_ERROR(AddSpeeds(j, file, &s));
+  }
+  return s;
+}
+
+Status AddSpeeds(const nlohmann::json& j, const std::string& file, Speeds* speeds) {
+  Speeds& s = *speeds;
+  const nlohmann::json* records = &j;
+  if (j.is_object() && j.contains("results")) records = &j["results"];  // bench/finetune_7b.py
+  if (!records->is_array()) {
+    return InvalidArgumentError(
+        StrCat("--bench-json ", file, ": not a list of zoffload-bench records"));
+  }
+  for (const auto& r : *records) {
+    if (!r.is_object()) continue;
+    const std::string profile = Text(r, "profile");
+    const auto state = PrecisionNamed(Text(r, "state"));
+    if (profile == "adam" && Text(r, "rule") == "adam" && state &&
+        Text(r, "param_copy") == "bf16") {
+      s.adam(*state) = std::max(s.adam(*state), Number(r, "Gparams_per_s"));
+    } else if (profile == "engine" && state && Number(r, "adam_alone_gparams") > 0) {
+      s.adam(*state) = Number(r, "adam_alone_gparams");
+      if (Number(r, "grad_alone_seconds") > 0) {  // its backward stand-in, no forward
+        s.fwd_bwd_seconds = Number(r, "grad_alone_seconds");
+        s.fwd_bwd_params = FieldOf<uint64_t>(r, "params").value_or(0);
+        s.backward_share = 1;
+      }
+    } else if (profile == "step" && Text(r, "state_on") == "nvme") {
+      s.nvme_read_gbps = Number(r, "read_GBps");
+      s.nvme_write_gbps = Number(r, "write_GBps");
+      s.nvme_mixed_gbps = Number(r, "mixed_GBps");
+    } else if (profile == "pcie") {
+      s.SetPcie(Text(r, "test"), Number(r, "GBps"));
+    } else if (profile == "nvme") {
+      const double gbps = Number(r, "GBps");
+      double& best = Text(r, "op") == "read" ? s.nvme_read_gbps : s.nvme_write_gbps;
+      best = std::max(best, gbps);
+    } else if (Text(r, "system") == "fwd_bwd") {
+      s.fwd_bwd_seconds = Number(r, "seconds_per_step");
+      s.fwd_bwd_params = FieldOf<uint64_t>(r, "params").value_or(0);
+      s.backward_share = kBackwardShare;
+    } else if (Text(r, "system").starts_with("zoffload:none:") && r.contains("steps")) {
+      // CPU Adam inside the exact step (it runs alone there): the median past the warm-up.
+      std::vector<double> adam;
+      if (!r["steps"].is_array()) continue;
+      for (const auto& step : r["steps"]) {
+        if (FieldOf<int64_t>(step, "step").value_or(0) > 2) adam.push_back(Number(step, "adam_seconds"));
+      }
+      if (adam.empty()) continue;
+      std::sort(adam.begin(), adam.end());
+      const double seconds = adam[adam.size() / 2];
+      // "zoffload:none:STATE[:...]"
+      const std::string rest = Text(r, "system").substr(14);
+      const auto system_state = PrecisionNamed(rest.substr(0, rest.find(':')));
+      if (system_state && seconds > 0) {
+        s.adam(*system_state) = Number(r, "params") / seconds / 1e9;
       }
     }
   }
-  return s;
+  return Status::Ok();
 }
 
 }  // namespace zoffload::internal::plan

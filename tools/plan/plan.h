@@ -59,6 +59,8 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "zoffload/config.h"
 #include "zoffload/status.h"
 
@@ -93,6 +95,8 @@ struct ModelShape {
 /// config.json, or (when `params` > 0) just a parameter count. Unknown names are an error that
 /// suggests the nearest one.
 Result<ModelShape> ModelNamed(const std::string& name_or_config);
+/// A Llama-shaped HuggingFace config.json's model (`name` for messages); every size checked.
+Result<ModelShape> ModelFromConfigJson(const nlohmann::json& config, const std::string& name);
 ModelShape ModelOfParams(uint64_t params);
 /// The parameters and parameter tensors of a Llama-shaped model (fills params and tensors).
 void CountLlama(ModelShape& m);
@@ -157,5 +161,8 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
 /// Adam's rate; an engine record gives F as its gradient production alone, all backward);
 /// later files override earlier ones.
 Result<Speeds> SpeedsFromJson(const std::vector<std::string>& files);
+/// Adds the speeds of one such file's parsed JSON (`file` for messages) to `speeds`; fields of
+/// another type than expected are ignored, as absent ones are.
+Status AddSpeeds(const nlohmann::json& records, const std::string& file, Speeds* speeds);
 
 }  // namespace zoffload::internal::plan
