@@ -171,8 +171,10 @@ int Main(int argc, char** argv) {
       // Past 2^50 (1 PiB, 1.1e15 parameters) nothing is real, and the estimates' byte counts
       // (16 and more a parameter) would wrap.
       if (*out > kMaxPlanSize) {
-        std::fprintf(stderr, "zoffload-plan: %s: '%s' is more than 2^50 (1 PiB, 1.1e15 "
-                     "parameters): no machine or model of that size\n", a.c_str(), v.c_str());
+        std::fprintf(stderr,
+                     "zoffload-plan: %s: '%s' is more than 2^50 (1 PiB, 1.1e15 "
+                     "parameters): no machine or model of that size\n",
+                     a.c_str(), v.c_str());
         return false;
       }
       return true;

@@ -422,7 +422,8 @@ class Engine {
       if (!right || t.lanes != 1) {
         Fail(StatusCode::kInvalidArgument,
              std::string(which) + " of '" + name + "' has dtype " + DescribeDType(t) + "; " +
-                 (fp32 ? "fp32 state takes float32" : "bf16 and int8 state take its raw bytes (uint8)"));
+                 (fp32 ? "fp32 state takes float32"
+                       : "bf16 and int8 state take its raw bytes (uint8)"));
       }
     }
     nb::gil_scoped_release release;
@@ -616,7 +617,7 @@ class Zero {
   }
 
   std::unordered_map<std::string, std::pair<uint64_t, DType>> elements_;
-  std::vector<AnyArray> held_;  // as Engine's (stages 1-2: step() writes into them)
+  std::vector<AnyArray> held_;           // as Engine's (stages 1-2: step() writes into them)
   std::shared_ptr<ZeroOptimizer> zero_;  // shared with gradient_buffer's arrays
 };
 
@@ -722,8 +723,8 @@ void DefineModule(nb::module_& m) {
                    "parameters), gradients reduce-scattered, parameters all-gathered. Every "
                    "rank makes the same calls in the same order.")
       .def(nb::init<const std::string&, const std::vector<std::tuple<std::string, AnyArray, int>>&,
-                    const std::vector<nb::dict>&, const std::string&, int, int,
-                    const std::string&, int>(),
+                    const std::vector<nb::dict>&, const std::string&, int, int, const std::string&,
+                    int>(),
            nb::arg("config_json"), nb::arg("params"), nb::arg("groups"), nb::arg("run"),
            nb::arg("rank"), nb::arg("world"), nb::arg("nccl_id") = "", nb::arg("device") = 0,
            "params: (name, cpu array, group index) each, one dtype for all; at stages 1-2 the "
@@ -731,7 +732,8 @@ void DefineModule(nb::module_& m) {
            "here only. run: the run's name, the same on every rank and unique per run (letters, "
            "digits, '.', '_', '-'; the shared-memory segment is named after it). A rank that does "
            "not arrive within the config's zoffload.comm_timeout_seconds (or whose process dies) "
-           "makes the others fail, naming it. nccl_id (new_nccl_id on one rank, the same on all): the "
+           "makes the others fail, naming it. nccl_id (new_nccl_id on one rank, the same on all): "
+           "the "
            "collectives run over NCCL on CUDA device `device` instead of shared memory.")
       .def("gradient_buffer", &Zero::GradientBuffer, nb::arg("name"),
            "One rank, one micro-batch, stages 2-3: the optimizer's own memory for the "

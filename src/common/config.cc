@@ -326,7 +326,8 @@ class Reader {
       // Past 2^53 a double no longer holds every integer: 9007199254740993.0 was read as
       // ...992. Such a value is taken only as written as an integer.
       if (std::fabs(v) >= 0x1p53L) {
-        Error(path, StrCat(node.dump(), " is written as a floating-point number, which holds "
+        Error(path, StrCat(node.dump(),
+                           " is written as a floating-point number, which holds "
                            "integers exactly only up to 2^53; write it as an integer"));
         return false;
       }

@@ -115,9 +115,9 @@ Result<std::string> ReadBoundedFile(const std::string& path, uint64_t max_bytes,
                                        "zoffload reads only regular files"));
   }
   if (static_cast<uint64_t>(st.st_size) > max_bytes) {
-    return InvalidArgumentError(StrCat(what, " ", path, " has ",
-                                       HumanBytes(static_cast<uint64_t>(st.st_size)),
-                                       ", more than the ", HumanBytes(max_bytes), " such a file may have"));
+    return InvalidArgumentError(
+        StrCat(what, " ", path, " has ", HumanBytes(static_cast<uint64_t>(st.st_size)),
+               ", more than the ", HumanBytes(max_bytes), " such a file may have"));
   }
   // Read to the end, but never past the cap (a file that grows while it is read).
   std::string text;
@@ -129,8 +129,8 @@ Result<std::string> ReadBoundedFile(const std::string& path, uint64_t max_bytes,
     if (n == 0) break;
     text.append(buffer, static_cast<size_t>(n));
     if (text.size() > max_bytes) {
-      return InvalidArgumentError(StrCat(what, " ", path, " grew past ", HumanBytes(max_bytes),
-                                         " while it was read"));
+      return InvalidArgumentError(
+          StrCat(what, " ", path, " grew past ", HumanBytes(max_bytes), " while it was read"));
     }
   }
   return text;

@@ -63,18 +63,18 @@ std::string ForeignContent(const std::string& path) {
   }
   if (ec) return StrCat("a directory that cannot be listed (", ec.message(), ")");
   if (foreign.empty()) return "";
-  return StrCat("a directory holding files zoffload did not write (", FirstFew(foreign, ", "),
-                ")");
+  return StrCat("a directory holding files zoffload did not write (", FirstFew(foreign, ", "), ")");
 }
 
 Status RefuseForeign(const std::string& path, const std::string& dir) {
   const std::string foreign = ForeignContent(path);
   if (foreign.empty()) return Status::Ok();
   return Status(StatusCode::kAlreadyExists,
-                StrCat("checkpoint: ", path, " is ", foreign, "; a save replaces only an empty "
+                StrCat("checkpoint: ", path, " is ", foreign,
+                       "; a save replaces only an empty "
                        "directory or a checkpoint zoffload wrote, and never removes other files: "
-                       "save to a new or empty directory, or move them away (saving to ", dir,
-                       ")"));
+                       "save to a new or empty directory, or move them away (saving to ",
+                       dir, ")"));
 }
 
 // The directory holding `target` ("." for a relative name without one).
@@ -260,8 +260,8 @@ Result<CheckpointMeta> ParseCheckpointManifest(std::string_view text, const std:
     const auto crc = FieldOf<uint64_t>(j, "manifest_crc32c");
     if (!crc) return bad("'manifest_crc32c' missing: the manifest cannot be checked");
     if (*crc != ManifestCrc(j)) {
-      return bad(StrCat("the manifest fails its checksum (CRC32C ", ManifestCrc(j),
-                        ", it says ", *crc, "): it was edited or damaged"));
+      return bad(StrCat("the manifest fails its checksum (CRC32C ", ManifestCrc(j), ", it says ",
+                        *crc, "): it was edited or damaged"));
     }
   }
   // Every field, checked for its type and range: a manifest is data from disk.
@@ -366,7 +366,8 @@ Result<CheckpointMeta> ParseCheckpointManifest(std::string_view text, const std:
     }
     ZO_RETURN_IF_ERROR(field(p, "offset", &e.offset, "a count"));
     if (e.offset != end) {
-      return bad(StrCat("'", e.name, "': offset ", e.offset, "; the entry before it ends at ", end));
+      return bad(
+          StrCat("'", e.name, "': offset ", e.offset, "; the entry before it ends at ", end));
     }
     if (__builtin_add_overflow(end, e.bytes(), &end)) return bad("the entries' sizes overflow");
     uint64_t crc = 0;

@@ -49,10 +49,10 @@ void* Symbol(const char* name) {
 
 }  // namespace
 
-#define ZO_NCCL_FORWARD(name, params, args)                                        \
-  ncclResult_t name params {                                                         \
-    static const auto fn = reinterpret_cast<decltype(&name)>(Symbol(#name));        \
-    return fn == nullptr ? ncclSystemError : fn args;                               \
+#define ZO_NCCL_FORWARD(name, params, args)                                  \
+  ncclResult_t name params {                                                 \
+    static const auto fn = reinterpret_cast<decltype(&name)>(Symbol(#name)); \
+    return fn == nullptr ? ncclSystemError : fn args;                        \
   }
 
 ZO_NCCL_FORWARD(ncclGetVersion, (int* version), (version))
@@ -68,22 +68,22 @@ ZO_NCCL_FORWARD(ncclBroadcast,
                 (const void* send, void* recv, size_t count, ncclDataType_t type, int root,
                  ncclComm_t comm, cudaStream_t stream),
                 (send, recv, count, type, root, comm, stream))
-ZO_NCCL_FORWARD(ncclAllReduce,
-                (const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                 ncclComm_t comm, cudaStream_t stream),
-                (send, recv, count, type, op, comm, stream))
-ZO_NCCL_FORWARD(ncclReduceScatter,
-                (const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                 ncclComm_t comm, cudaStream_t stream),
-                (send, recv, count, type, op, comm, stream))
+// The reductions share one signature.
+#define ZO_NCCL_REDUCTION(name)                                                     \
+  ZO_NCCL_FORWARD(name,                                                             \
+                  (const void* send, void* recv, size_t count, ncclDataType_t type, \
+                   ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream),           \
+                  (send, recv, count, type, op, comm, stream))
+ZO_NCCL_REDUCTION(ncclAllReduce)
+ZO_NCCL_REDUCTION(ncclReduceScatter)
 ZO_NCCL_FORWARD(ncclAllGather,
                 (const void* send, void* recv, size_t count, ncclDataType_t type, ncclComm_t comm,
                  cudaStream_t stream),
                 (send, recv, count, type, comm, stream))
 
 const char* ncclGetErrorString(ncclResult_t result) {
-  static const auto fn = reinterpret_cast<decltype(&ncclGetErrorString)>(
-      Symbol("ncclGetErrorString"));
+  static const auto fn =
+      reinterpret_cast<decltype(&ncclGetErrorString)>(Symbol("ncclGetErrorString"));
   return fn == nullptr ? "NCCL is not loaded" : fn(result);
 }
 

@@ -217,10 +217,9 @@ std::byte* HostComm::region(int rank) const {
 Status HostComm::Broken() const {
   if (!broken_.ok()) return broken_;
   if (header_->aborted.load(std::memory_order_acquire) != 0) {
-    return Status(StatusCode::kCancelled,
-                  StrCat("host communicator '", options_.name,
-                         "': another rank found a rank dead or not "
-                         "arriving; this run cannot go on"));
+    return Status(StatusCode::kCancelled, StrCat("host communicator '", options_.name,
+                                                 "': another rank gave up waiting (a rank died or "
+                                                 "did not arrive); this run cannot go on"));
   }
   return Status::Ok();
 }

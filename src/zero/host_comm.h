@@ -13,11 +13,11 @@
 // Failure: each rank's pid is in the header; a rank waiting at a barrier checks every 100 ms
 // that the ranks it waits for are alive, and at most `timeout` in all. A dead rank, or the
 // timeout, makes it mark the communicator aborted (the others see it at once) and return an
-// error naming the ranks (and pids) that never arrived. A segment whose rank 0 died before
-// every rank joined is removed by a joining rank that sees it, or else by the next run's rank
-// 0 (the pid in its header is gone): none is left in /dev/shm for good. After that every call fails; nothing hangs. Ranks that
-// call different collectives (kind or size) all fail with an error naming both calls, instead
-// of mixing each other's data.
+// error naming the ranks (and pids) that never arrived; after that every call fails, nothing
+// hangs. Ranks that call different collectives (kind or size) all fail with an error naming
+// both calls, instead of mixing each other's data. A segment whose rank 0 died before every
+// rank joined is removed by a joining rank that sees it, or else by the next run's rank 0
+// (the pid in its header is gone): none is left in /dev/shm for good.
 #pragma once
 
 #include <chrono>
@@ -52,7 +52,7 @@ class HostComm final : public Communicator {
   Status ReduceScatterSum(const float* send, float* recv, uint64_t count) override;
   Status AllGather(const void* send, void* recv, uint64_t bytes) override;
 
- struct Header;  // the segment's first page (host_comm.cc)
+  struct Header;  // the segment's first page (host_comm.cc)
 
  private:
   explicit HostComm(const Options& options) : options_(options) {}

@@ -154,8 +154,8 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
                                        "'; use letters, digits, '.', '_' and '-' (at most 200)"));
   }
   auto impl = std::make_unique<Impl>();
-  const auto timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(config.zoffload.comm_timeout_seconds * 1000));
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(config.zoffload.comm_timeout_seconds * 1000));
   if (!rank.nccl_id.empty()) {
     ZO_ASSIGN_OR_RETURN(impl->comm, NcclFor(rank, timeout));
   } else {

@@ -158,21 +158,33 @@ TEST(CheckpointLoad, AnEditedManifestIsRefusedNamingWhatIsWrong) {
   auto lr = [](nlohmann::ordered_json& j) { j["groups"][0]["lr"] = -1; };
   ExpectRefused(t, dir, lr, false, "fails its checksum");
   ExpectRefused(t, dir, lr, true, "hyperparameters no optimizer takes");
-  ExpectRefused(t, dir, [](auto& j) { j["groups"][1]["betas"] = {0.9, 1.5}; }, true,
-                "hyperparameters");
-  ExpectRefused(t, dir, [](auto& j) { j["steps"] = -4; }, true, "'steps' is -4");
-  ExpectRefused(t, dir, [](auto& j) { j["steps"] = 2.5; }, true, "'steps' missing or not");
-  ExpectRefused(t, dir, [](auto& j) { j["loss_scale"]["scale"] = 0; }, true, "'loss_scale'");
-  ExpectRefused(t, dir, [](auto& j) { j["parameters"].push_back(j["parameters"][0]); }, true,
-                "listed twice");
-  ExpectRefused(t, dir, [](auto& j) { j["parameters"][1]["offset"] = 0; }, true, "offset 0");
-  ExpectRefused(t, dir, [](auto& j) { j["parameters"][0]["group"] = 7; }, true, "group 7");
-  ExpectRefused(t, dir, [](auto& j) { j["parameters"][0]["moment_bytes"] = 2; }, true,
-                "bytes a moment");
-  ExpectRefused(t, dir, [](auto& j) { j["parameters"][0]["elements"] = -1; }, true,
-                "'elements' missing or not");
-  ExpectRefused(t, dir, [](auto& j) { j["optimizer_state"] = "fp64"; }, true, "fp64");
-  ExpectRefused(t, dir, [](auto& j) { j.erase("manifest_crc32c"); }, false, "manifest_crc32c");
+  ExpectRefused(
+      t, dir,
+      [](auto& j) {
+        j["groups"][1]["betas"] = {0.9, 1.5};
+      },
+      true, "hyperparameters");
+  ExpectRefused(
+      t, dir, [](auto& j) { j["steps"] = -4; }, true, "'steps' is -4");
+  ExpectRefused(
+      t, dir, [](auto& j) { j["steps"] = 2.5; }, true, "'steps' missing or not");
+  ExpectRefused(
+      t, dir, [](auto& j) { j["loss_scale"]["scale"] = 0; }, true, "'loss_scale'");
+  ExpectRefused(
+      t, dir, [](auto& j) { j["parameters"].push_back(j["parameters"][0]); }, true, "listed twice");
+  ExpectRefused(
+      t, dir, [](auto& j) { j["parameters"][1]["offset"] = 0; }, true, "offset 0");
+  ExpectRefused(
+      t, dir, [](auto& j) { j["parameters"][0]["group"] = 7; }, true, "group 7");
+  ExpectRefused(
+      t, dir, [](auto& j) { j["parameters"][0]["moment_bytes"] = 2; }, true, "bytes a moment");
+  ExpectRefused(
+      t, dir, [](auto& j) { j["parameters"][0]["elements"] = -1; }, true,
+      "'elements' missing or not");
+  ExpectRefused(
+      t, dir, [](auto& j) { j["optimizer_state"] = "fp64"; }, true, "fp64");
+  ExpectRefused(
+      t, dir, [](auto& j) { j.erase("manifest_crc32c"); }, false, "manifest_crc32c");
   // The manifest says more than state.bin holds (a parameter appended with its own bytes).
   ExpectRefused(
       t, dir,

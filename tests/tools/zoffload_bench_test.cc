@@ -341,7 +341,8 @@ TEST(ZoffloadBenchTest, RunsThatCannotFitAreRefusedUpFront) {
   testing::TempDir dir;
   for (const std::string& args :
        {std::string("adam --params 1T"), std::string("step --params 1T"),
-        std::string("step --state-on host --tensors 1000000 --params 64G"), std::string("engine --params 1T"),
+        std::string("step --state-on host --tensors 1000000 --params 64G"),
+        std::string("engine --params 1T"),
         "step --state-on nvme --path " + dir.path() + " --buffers 100000"}) {
     testing::CommandResult r = RunBench(args);
     EXPECT_EQ(r.exit_code, 1) << args << ": " << r.output;
@@ -350,7 +351,8 @@ TEST(ZoffloadBenchTest, RunsThatCannotFitAreRefusedUpFront) {
   }
   const std::string config = dir.File("tiny-ratio.json");
   std::ofstream(config) << R"({"zero_optimization": {"stage": 2, "offload_optimizer":
-      {"device": "nvme", "nvme_path": ")" << dir.path() << R"(", "ratio": 1e-300}}})";
+      {"device": "nvme", "nvme_path": ")"
+                        << dir.path() << R"(", "ratio": 1e-300}}})";
   testing::CommandResult r = RunBench("step --params 1M --tensors 4 --steps 1 --config " + config);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("holds none of the 4 tensors"), std::string::npos) << r.output;

@@ -175,7 +175,9 @@ TEST(HostCommTest, ADeadRanksPidIsNoticedWithinSeconds) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
-bool SegmentExists(const std::string& name) { return ::access(("/dev/shm/" + name).c_str(), F_OK) == 0; }
+bool SegmentExists(const std::string& name) {
+  return ::access(("/dev/shm/" + name).c_str(), F_OK) == 0;
+}
 
 // Rank 0 of `name` (world 2), SIGKILLed while it waits for rank 1 to join; reaped.
 void KillRankZeroWhileJoining(const std::string& name) {

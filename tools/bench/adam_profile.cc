@@ -36,9 +36,9 @@ Result<std::vector<AdamRecord>> RunAdamBench(const AdamBenchOptions& o) {
   const size_t n = o.params;
   const int threads = o.threads > 0 ? o.threads : DefaultAdamThreads();
   // Buffers for the widest setting, touched once up front (first touch is not timed).
-  ZO_RETURN_IF_ERROR(CheckHostMemory(
-      "adam", 4 * n + 4 * n + 2 * AdamMomentBytes(StatePrecision::kFp32, n) + 2 * n,
-      StrCat(n, " params (fp32 masters, gradients and moments, a 2-byte copy)")));
+  ZO_RETURN_IF_ERROR(
+      CheckHostMemory("adam", 4 * n + 4 * n + 2 * AdamMomentBytes(StatePrecision::kFp32, n) + 2 * n,
+                      StrCat(n, " params (fp32 masters, gradients and moments, a 2-byte copy)")));
   ZO_ASSIGN_OR_RETURN(AlignedBuffer p, AlignedBuffer::Allocate(4 * n, 64, true));
   ZO_ASSIGN_OR_RETURN(AlignedBuffer g, AlignedBuffer::Allocate(4 * n, 64, true));
   ZO_ASSIGN_OR_RETURN(AlignedBuffer m,

@@ -14,15 +14,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <future>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <thread>
 
+#include "common/json_file.h"
 #include "common/pid_lock.h"
 #include "common/strings.h"
-#include "common/json_file.h"
 #include "common/unique_fd.h"
 
 namespace zoffload::internal::bench {

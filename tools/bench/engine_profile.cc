@@ -163,9 +163,9 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
     // and CPU Adam's alone, measured first), the gradients and the parameters.
     uint64_t state = 0;
     for (uint64_t n : sizes) state += PageBytes(4 * n) + 2 * PageBytes(AdamMomentBytes(o.state, n));
-    ZO_RETURN_IF_ERROR(CheckHostMemory(
-        "engine", state + 2 * o.params + 2 * o.params,
-        StrCat(o.params, " params in ", o.tensors, " tensors (their state, gradients and values)")));
+    ZO_RETURN_IF_ERROR(CheckHostMemory("engine", state + 2 * o.params + 2 * o.params,
+                                       StrCat(o.params, " params in ", o.tensors,
+                                              " tensors (their state, gradients and values)")));
   }
   // Anchors first, while memory is free.
   Progress progress("engine", o.steps + 4);

@@ -40,12 +40,13 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
     const uint64_t largest = o.params - per * static_cast<uint64_t>(o.tensors - 1);
     const double share = o.state_on == StateHome::kNvme ? 1.0 - o.nvme_ratio : 1.0;
     const auto host_tensors = static_cast<uint64_t>(share * o.tensors);
-    const uint64_t state = host_tensors * (PageBytes(4 * per) + 2 * PageBytes(AdamMomentBytes(o.state, per)));
+    const uint64_t state =
+        host_tensors * (PageBytes(4 * per) + 2 * PageBytes(AdamMomentBytes(o.state, per)));
     const uint64_t chunk = o.chunk_elements > 0 ? o.chunk_elements : uint64_t{4} << 20;
-    const uint64_t slots = o.state_on == StateHome::kNvme
-                               ? static_cast<uint64_t>(o.buffers) *
-                                     (4 * chunk + 2 * AdamMomentBytes(o.state, chunk))
-                               : 0;
+    const uint64_t slots =
+        o.state_on == StateHome::kNvme
+            ? static_cast<uint64_t>(o.buffers) * (4 * chunk + 2 * AdamMomentBytes(o.state, chunk))
+            : 0;
     const uint64_t buffers = largest * (4 + DTypeBytes(o.grad_dtype) + 2 + 4 + 2 * 4);
     ZO_RETURN_IF_ERROR(CheckHostMemory(
         "step", state + slots + buffers,
@@ -120,11 +121,14 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
   // I/O-only pass over the same bytes, so both see the disk in the same state.
   std::unique_ptr<DiskProbe> disk;
   if (o.state_on == StateHome::kNvme && state->swap() == nullptr) {
-    return InvalidArgumentError(StrCat(
-        "step: a share of ", o.nvme_ratio, " on NVMe (--nvme-ratio, or the config's "
-        "offload_optimizer.ratio) holds none of the ", o.tensors, " tensors (whole tensors go "
-        "there; each has about ", o.params / static_cast<uint64_t>(o.tensors),
-        " elements): raise the ratio, or use --state-on host"));
+    return InvalidArgumentError(StrCat("step: a share of ", o.nvme_ratio,
+                                       " on NVMe (--nvme-ratio, or the config's "
+                                       "offload_optimizer.ratio) holds none of the ",
+                                       o.tensors,
+                                       " tensors (whole tensors go "
+                                       "there; each has about ",
+                                       o.params / static_cast<uint64_t>(o.tensors),
+                                       " elements): raise the ratio, or use --state-on host"));
   }
   if (o.state_on == StateHome::kNvme) {
     ZO_ASSIGN_OR_RETURN(disk, DiskProbe::Create(temp.dirs().front(), o.aio,

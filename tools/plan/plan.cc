@@ -122,8 +122,8 @@ Result<ModelShape> ModelFromConfigJson(const nlohmann::json& j, const std::strin
   auto size = [&](const char* key, uint64_t* out, uint64_t most = uint64_t{1} << 20) -> Status {
     const auto v = FieldOf<uint64_t>(j, key);
     if (!v || *v == 0 || *v > most) {
-      return InvalidArgumentError(StrCat(name, ": '", key,
-                                         "' missing or not an integer in [1, ", most,
+      return InvalidArgumentError(StrCat(name, ": '", key, "' missing or not an integer in [1, ",
+                                         most,
                                          "] (a Llama-shaped HuggingFace config.json is expected)"));
     }
     *out = *v;
@@ -355,7 +355,8 @@ Status AddSpeeds(const nlohmann::json& j, const std::string& file, Speeds* speed
       std::vector<double> adam;
       if (!r["steps"].is_array()) continue;
       for (const auto& step : r["steps"]) {
-        if (FieldOf<int64_t>(step, "step").value_or(0) > 2) adam.push_back(Number(step, "adam_seconds"));
+        if (FieldOf<int64_t>(step, "step").value_or(0) > 2)
+          adam.push_back(Number(step, "adam_seconds"));
       }
       if (adam.empty()) continue;
       std::sort(adam.begin(), adam.end());
