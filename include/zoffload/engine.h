@@ -140,6 +140,16 @@ class OffloadEngine {
   /// "delayed" (the running update still reads the last gradient there). Write the buffer
   /// only between Step and this parameter's GradientReady.
   Result<void*> GradientBuffer(std::string_view name);
+  /// Overlap "none": the global L2 norm of this step's gradients, unscaled by the fp16 loss
+  /// scale (inf or NaN when a gradient holds one): what torch's clip_grad_norm_ returns, for a
+  /// training loop that clips before Step. Every parameter must have its gradients; the norm
+  /// is computed once and Step reuses it (a new gradient drops it). FAILED_PRECONDITION under
+  /// the other overlap modes, whose updates do not wait for the norm.
+  Result<double> GradientNorm();
+  /// The max norm that Step clips the global gradient norm to (0: no clipping), from the next
+  /// Step on: the config's gradient_clipping, as a training loop's clip_grad_norm_ sets it.
+  /// Refused above 0 under overlap "backward".
+  Status SetGradientClipping(double max_norm);
   /// The optimizer step; every parameter must have had gradient_accumulation_steps gradients.
   /// On an error the gradients are kept and the state is as before (see docs/engine.md for
   /// the one exception), so Step may be called again.

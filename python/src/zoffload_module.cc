@@ -338,6 +338,14 @@ class Engine {
     Check(e.Load(dir.string()));
   }
 
+  double GradientNorm() {
+    OffloadEngine& e = Live();
+    nb::gil_scoped_release release;
+    return Unwrap(e.GradientNorm());
+  }
+
+  void SetGradientClipping(double max_norm) { Check(Live().SetGradientClipping(max_norm)); }
+
   void SetGroup(int index, const nb::dict& group) {
     OffloadEngine& e = Live();
     if (index < 0 || index >= e.group_count()) {
@@ -693,6 +701,12 @@ void DefineModule(nb::module_& m) {
            "verified before anything changes. Call wait_parameters before the next forward.")
       .def("set_group", &Engine::SetGroup, nb::arg("index"), nb::arg("group"),
            "Changes a group's lr, betas, eps or weight_decay from the next step on.")
+      .def("gradient_norm", &Engine::GradientNorm,
+           "Overlap \"none\": the global L2 norm of this step's gradients (all handed over), "
+           "unscaled by the fp16 loss scale; step() reuses it.")
+      .def("set_gradient_clipping", &Engine::SetGradientClipping, nb::arg("max_norm"),
+           "The max norm step() clips the global gradient norm to (0: none), from the next "
+           "step on.")
       .def("group", &Engine::Group, nb::arg("index"), "A group's hyperparameters.")
       .def("read_state", &Engine::ReadState, nb::arg("name"),
            "(master float32, m, v) of a parameter; m and v are float32 for fp32 state, raw "

@@ -39,6 +39,16 @@ How it works:
    give the same bits at every world size (world size N, one micro-batch each, equals one
    process taking them as N accumulation steps); over NCCL at world size 2 too.
 
+6. Clipping as training loops write it: ``torch.nn.utils.clip_grad_norm_`` (which Accelerate's
+   and the HF Trainer's clipping call) is wrapped while this module is imported. Given
+   parameters of a live ``OffloadOptimizer`` (whose gradients the hooks took, so torch would
+   see none and return 0), it asks the engine for the step's exact global norm, returns it
+   (the real norm in the loop's logs) and has the step clip to ``max_norm``; other parameters
+   go to torch's own function. Accelerate's ``Accelerator.clip_grad_norm_`` (its own norm
+   over ``p.grad``) is routed the same way when accelerate is loaded before the optimizer is
+   made. Overlap "none" only (the other modes update before the norm exists: a clear error
+   says so).
+
 fp16: multiply the loss by ``loss_scale`` (or call ``backward(loss)``); overflowing steps are
 skipped and counted in ``skipped_steps``.
 """
@@ -48,6 +58,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 import warnings
 import weakref
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
@@ -60,6 +71,8 @@ from .config import ConfigSource, load_config
 ParamsArg = Union[Iterable[Tuple[str, torch.nn.Parameter]], Iterable[torch.Tensor], Iterable[dict]]
 
 _GROUP_KEYS = ("lr", "betas", "eps", "weight_decay")
+# The optimizers whose parameters clip_grad_norm_ hands to the engine (the open ones).
+_LIVE: "weakref.WeakSet[OffloadOptimizer]" = weakref.WeakSet()
 # Parameter offload on a GPU: gradient bytes in pinned host memory waiting to be handed over.
 _MAX_PENDING_BYTES = 1 << 30
 
@@ -224,6 +237,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             for g in self.param_groups
             for t in g["params"]
         ]
+        _LIVE.add(self)
+        _route_accelerate()
 
     @staticmethod
     def _group_hyper(group: dict) -> dict:
@@ -616,6 +631,30 @@ class OffloadOptimizer(torch.optim.Optimizer):
         scale = self.loss_scale
         (loss * scale if scale != 1 else loss).backward()
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """``torch.nn.utils.clip_grad_norm_`` for this optimizer's parameters, whose gradients
+        the engine holds: the global L2 norm of this step's gradients (a float32 tensor on the
+        parameters' device), and the next ``step()`` clips to ``max_norm`` (``inf``: the norm
+        alone, the clipping left as it is). Call it after the last backward of the step, as
+        torch's. Overlap "none" only."""
+        if float(norm_type) != 2.0:
+            raise _zoffload.Unimplemented(
+                f"OffloadOptimizer.clip_grad_norm_: norm_type {norm_type}; zoffload clips by the "
+                "L2 norm (2.0)"
+            )
+        if self._zero is not None:
+            raise _zoffload.Unimplemented(
+                "OffloadOptimizer.clip_grad_norm_: not under ZeRO yet; set the config's "
+                "gradient_clipping instead (the step clips with the exact global norm)"
+            )
+        if self._host_grads:
+            self._hand_over(wait=True)
+        if not torch.isinf(torch.tensor(float(max_norm))):
+            self._engine.set_gradient_clipping(float(max_norm))
+        norm = self._engine.gradient_norm()
+        return torch.tensor(norm, dtype=torch.float32,
+                            device=self.param_groups[0]["params"][0].device)
+
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
         """The optimizer step over the gradients handed over since the last one."""
@@ -796,11 +835,62 @@ class OffloadOptimizer(torch.optim.Optimizer):
             h.remove()
         self._hooks, self._fetch_hooks = [], []
         self.flush()
+        _LIVE.discard(self)
         self._grad_buffers = {}  # views of the engine's memory
         (self._zero or self._engine).close()
         if self._unregister is not None:
             self._unregister()
         self._closed = True
+
+
+_TORCH_CLIP_GRAD_NORM = torch.nn.utils.clip_grad_norm_
+
+
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False,
+                    foreach=None):
+    """``torch.nn.utils.clip_grad_norm_``, with the parameters of an open ``OffloadOptimizer``
+    clipped by it (its ``clip_grad_norm_``: the engine's exact global norm) and any others by
+    torch. Installed in place of torch's while zoffload.torch is imported."""
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    owners = {id(opt): opt for opt in list(_LIVE) for p in params if id(p) in opt._names}
+    if not owners:
+        return _TORCH_CLIP_GRAD_NORM(params, max_norm, norm_type, error_if_nonfinite, foreach)
+    others = [p for p in params
+              if p.grad is not None and not any(id(p) in o._names for o in owners.values())]
+    if len(owners) > 1 or others:
+        raise _zoffload.InvalidArgument(
+            "clip_grad_norm_: the parameters mix those of "
+            f"{len(owners)} OffloadOptimizer(s) with {len(others)} others that have gradients; "
+            "clip each optimizer's parameters on their own"
+        )
+    norm = next(iter(owners.values())).clip_grad_norm_(max_norm, norm_type)
+    if error_if_nonfinite and not torch.isfinite(norm):
+        raise RuntimeError(f"clip_grad_norm_: the gradients' global norm is {norm.item()}, not "
+                           "finite, and error_if_nonfinite was asked for")
+    return norm
+
+
+torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
+
+
+def _route_accelerate() -> None:
+    """Accelerate (and the HF Trainer through it) clips with its own norm over ``p.grad``, not
+    torch's function: when it is loaded, its ``Accelerator.clip_grad_norm_`` hands an
+    OffloadOptimizer's parameters to ``clip_grad_norm_`` above (once per process)."""
+    accelerate = sys.modules.get("accelerate")
+    if accelerate is None or getattr(accelerate.Accelerator.clip_grad_norm_, "_zoffload", False):
+        return
+    original = accelerate.Accelerator.clip_grad_norm_
+
+    def routed(self, parameters, max_norm, norm_type=2):
+        params = list(parameters)
+        if any(id(p) in opt._names for opt in list(_LIVE) for p in params):
+            return clip_grad_norm_(params, max_norm, norm_type)
+        return original(self, params, max_norm, norm_type)
+
+    routed._zoffload = True  # type: ignore[attr-defined]
+    accelerate.Accelerator.clip_grad_norm_ = routed
 
 
 def _world() -> Tuple[int, int]:

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <semaphore>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "build_info.h"
 #include "common/aligned_buffer.h"
 #include "common/strings.h"
+#include "cpu_adam/adam_math.h"
 #include "engine/checkpoint.h"
 #include "engine/loss_scaler.h"
 #include "engine/param_math.h"
@@ -201,8 +203,11 @@ struct OffloadEngine::Impl : public ParamSink {
   // added into its sum this window (the next micro-batch lands where the last one did).
   std::unique_ptr<std::atomic<uint64_t>[]> summed;
   std::vector<size_t> nonfinite;  // parameters whose gradient had inf/NaN
-  Status worker_status;           // the updater's first error (overlap "backward")
-  StepStats window_stats;         // CPU Adam time
+  // Overlap "none": the window's norm, once GradientNorm has computed it (a caller clipping
+  // before Step); Step takes it instead of a second norm pass. Any new gradient drops it.
+  std::optional<GradNorm> window_norm;
+  Status worker_status;    // the updater's first error (overlap "backward")
+  StepStats window_stats;  // CPU Adam time
   // Overlap "delayed": the update launched at a Step runs on the worker during the next
   // window; each parameter's next gradient waits until the update has read this one.
   std::vector<size_t> arrival;  // parameters in the order their window's last gradient came
@@ -289,6 +294,36 @@ struct OffloadEngine::Impl : public ParamSink {
   void AwaitWorker() {
     worker.AwaitAll();  // what it sends the updater is pushed by then
     updater.AwaitAll();
+  }
+
+  // Every parameter has its gradient_accumulation_steps gradients of the window; else
+  // FAILED_PRECONDITION from `what` naming the first five without (then `consequence`).
+  Status CheckWindowComplete(std::string_view what, std::string_view consequence) const {
+    std::vector<std::string> missing;
+    for (const Param& p : params) {
+      if (p.received != accumulation) {
+        missing.push_back(StrCat("'", p.name, "' (", p.received, " of ", accumulation, ")"));
+      }
+    }
+    if (missing.empty()) return Status::Ok();
+    return FailedPreconditionError(StrCat(what, ": ", missing.size(), " of ", params.size(),
+                                          " parameters lack gradients: ", FirstFew(missing, ", "),
+                                          consequence));
+  }
+
+  // Waits until the window's gradients are all in host memory (and summed), and, on the GPU,
+  // reads their squares where the GPU made them and no worker has.
+  Status AwaitGradients() {
+#if ZO_HAVE_CUDA
+    if (gpu) ZO_RETURN_IF_ERROR(device->WaitLanded().WithContext("Step: gradients to the host"));
+#endif
+    AwaitWorker();  // accumulation, and the updates of the overlap modes
+#if ZO_HAVE_CUDA
+    if (gpu_squares && overlap != Overlap::kBackward) {  // backward's worker read them
+      for (size_t i = 0; i < params.size(); ++i) squares[i] = device->Squares(i);
+    }
+#endif
+    return Status::Ok();
   }
 
   TensorGrads GradsOf(size_t i, const AdamHyper* hyper) {
@@ -704,6 +739,7 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
                " gradient(s) of this step (gradient_accumulation_steps); call Step first"));
   }
   ZO_RETURN_IF_ERROR(e.CheckMemory(grad, StrCat("gradient of '", p->name, "'")));
+  e.window_norm.reset();
   const bool add = p->received > 0;
   const bool last = p->received + 1 == e.accumulation;
   const size_t i = static_cast<size_t>(p - e.params.data());
@@ -762,30 +798,10 @@ Result<void*> OffloadEngine::GradientBuffer(std::string_view name) {
 Result<EngineStepStats> OffloadEngine::Step() {
   Impl& e = *impl_;
   const auto start = Clock::now();
-  std::vector<std::string> missing;
-  for (const Impl::Param& p : e.params) {
-    if (p.received != e.accumulation) {
-      missing.push_back(StrCat("'", p.name, "' (", p.received, " of ", e.accumulation, ")"));
-    }
-  }
-  if (!missing.empty()) {
-    return FailedPreconditionError(StrCat("Step: ", missing.size(), " of ", e.params.size(),
-                                          " parameters lack gradients: ", FirstFew(missing, ", "),
-                                          "; nothing was updated"));
-  }
+  ZO_RETURN_IF_ERROR(e.CheckWindowComplete("Step", "; nothing was updated"));
   EngineStepStats stats;
   Tracer* tracer = e.rt->tracer();
-#if ZO_HAVE_CUDA
-  if (e.gpu) {
-    ZO_RETURN_IF_ERROR(e.device->WaitLanded().WithContext("Step: gradients to the host"));
-  }
-#endif
-  e.AwaitWorker();  // accumulation, and the updates of the overlap modes
-#if ZO_HAVE_CUDA
-  if (e.gpu_squares && e.overlap != Overlap::kBackward) {  // backward's worker read them
-    for (size_t i = 0; i < e.params.size(); ++i) e.squares[i] = e.device->Squares(i);
-  }
-#endif
+  ZO_RETURN_IF_ERROR(e.AwaitGradients());
   stats.wait_grads_seconds = Since(start);
   if (tracer != nullptr) tracer->Record(kEngineTrack, "wait for gradients", start, Clock::now());
   const float scale = e.scaler.scale();
@@ -801,10 +817,11 @@ Result<EngineStepStats> OffloadEngine::Step() {
         grads.push_back(e.GradsOf(i, &hypers[e.params[i].group]));
       }
       const bool known = e.gpu_squares || e.norm_on_landing;
-      const GradNorm landed = known ? NormOf(e.squares) : GradNorm{};
+      if (known && !e.window_norm) e.window_norm = NormOf(e.squares);
       auto result =
           e.state->Step(grads, base, scale, static_cast<float>(e.config.gradient_clipping), &e, {},
-                        known ? &landed : nullptr);
+                        e.window_norm ? &*e.window_norm : nullptr);
+      e.window_norm.reset();
       ZO_RETURN_IF_ERROR(result.status().WithContext("Step"));
       e.scaler.Update(result->skipped);
       if (!result->skipped) ++e.steps;
@@ -917,6 +934,45 @@ Status OffloadEngine::SetGroup(int index, const ParamGroup& group) {
         "have begun with the group as it was; change it between Step and the first gradient"));
   }
   impl_->groups[index] = group;
+  return Status::Ok();
+}
+
+Result<double> OffloadEngine::GradientNorm() {
+  Impl& e = *impl_;
+  if (e.overlap != Overlap::kNone) {
+    return FailedPreconditionError(
+        StrCat("GradientNorm: under zoffload.overlap \"", ToString(e.overlap),
+               "\" the update does not wait for the step's norm; clipping from the training loop "
+               "(clip_grad_norm_) needs overlap \"none\""));
+  }
+  ZO_RETURN_IF_ERROR(e.CheckWindowComplete("GradientNorm", " (call it after the last backward)"));
+  ZO_RETURN_IF_ERROR(e.AwaitGradients());
+  if (!e.window_norm) {
+    if (e.gpu_squares || e.norm_on_landing) {
+      e.window_norm = NormOf(e.squares);
+    } else {
+      std::vector<TensorGrads> grads;
+      for (size_t i = 0; i < e.params.size(); ++i) grads.push_back(e.GradsOf(i, nullptr));
+      ZO_ASSIGN_OR_RETURN(e.window_norm, e.state->Norm(grads));
+    }
+  }
+  const double raw = e.window_norm->l2;
+  return e.window_norm->finite ? raw / e.scaler.scale() : internal::NonfiniteNorm(raw);
+}
+
+Status OffloadEngine::SetGradientClipping(double max_norm) {
+  Impl& e = *impl_;
+  if (!(max_norm >= 0) || !std::isfinite(max_norm)) {
+    return InvalidArgumentError(
+        StrCat("SetGradientClipping: the max norm must be finite and >= 0, got ", max_norm));
+  }
+  if (max_norm > 0 && e.overlap == Overlap::kBackward) {
+    return FailedPreconditionError(
+        StrCat("SetGradientClipping ", max_norm,
+               ": zoffload.overlap \"backward\" updates each parameter before the global norm "
+               "exists; use overlap \"none\" to clip"));
+  }
+  e.config.gradient_clipping = max_norm;
   return Status::Ok();
 }
 

@@ -332,15 +332,35 @@ Status OptimizerState::Read(size_t i, float* params, void* m, void* v) {
   return Status::Ok();
 }
 
+Result<std::vector<AdamShard>> OptimizerState::GradientShards(
+    std::span<const TensorGrads> grads) const {
+  if (grads.size() != tensors_.size()) {
+    return InvalidArgumentError(
+        StrCat("optimizer step: ", grads.size(), " gradients for ", tensors_.size(), " tensors"));
+  }
+  std::vector<AdamShard> shards(grads.size());
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (grads[i].grads == nullptr) {
+      return InvalidArgumentError(
+          StrCat("optimizer step: no gradients for '", tensors_[i].name, "'"));
+    }
+    shards[i].n = tensors_[i].n;
+    shards[i].grads = grads[i].grads;
+    shards[i].grad_dtype = grads[i].dtype;
+  }
+  return shards;
+}
+
+Result<GradNorm> OptimizerState::Norm(std::span<const TensorGrads> grads) const {
+  ZO_ASSIGN_OR_RETURN(const std::vector<AdamShard> shards, GradientShards(grads));
+  return GradientNorm(shards, options_.threads);
+}
+
 Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
                                             const AdamHyper& hyper, float loss_scale,
                                             float max_grad_norm, ParamSink* sink,
                                             std::span<const size_t> order, const GradNorm* norm) {
   ZO_RETURN_IF_ERROR(broken_);
-  if (grads.size() != tensors_.size()) {
-    return InvalidArgumentError(
-        StrCat("optimizer step: ", grads.size(), " gradients for ", tensors_.size(), " tensors"));
-  }
   if (!order.empty()) {
     std::vector<char> seen(tensors_.size(), 0);
     bool permutation = order.size() == tensors_.size();
@@ -355,16 +375,7 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
     return InvalidArgumentError(StrCat("optimizer step: loss_scale must be > 0, got ", loss_scale));
   }
   const auto start = Clock::now();
-  std::vector<AdamShard> grad_shards(grads.size());
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (grads[i].grads == nullptr) {
-      return InvalidArgumentError(
-          StrCat("optimizer step: no gradients for '", tensors_[i].name, "'"));
-    }
-    grad_shards[i].n = tensors_[i].n;
-    grad_shards[i].grads = grads[i].grads;
-    grad_shards[i].grad_dtype = grads[i].dtype;
-  }
+  ZO_ASSIGN_OR_RETURN(const std::vector<AdamShard> grad_shards, GradientShards(grads));
   // The norm pass decides the step: skip on inf/NaN, else the gradient scale. With NVMe
   // state it runs after the first chunk reads are under way (reads change nothing).
   AdamStepResult result;

@@ -155,6 +155,9 @@ class OptimizerState {
                               float loss_scale = 1.0f, float max_grad_norm = 0.0f,
                               ParamSink* sink = nullptr, std::span<const size_t> order = {},
                               const GradNorm* norm = nullptr);
+  /// The norm pass of Step alone: the raw (loss-scaled) L2 norm of `grads` and whether all are
+  /// finite, for a caller that needs it before the step (Step takes it back as `norm`).
+  Result<GradNorm> Norm(std::span<const TensorGrads> grads) const;
   /// CPU Adam over tensor t alone (its state in host memory), gradient scale 1, timed into
   /// `stats`: a step taken tensor by tensor (no norm, clip or skip here; the caller decides).
   Status UpdateTensor(size_t t, const TensorGrads& grads, const AdamHyper& hyper, ParamSink* sink,
@@ -166,6 +169,8 @@ class OptimizerState {
   SwapSpace* swap() { return swap_; }
 
  private:
+  /// Each tensor's gradients as a shard of the norm pass; an error for a missing one.
+  Result<std::vector<AdamShard>> GradientShards(std::span<const TensorGrads> grads) const;
   struct Slot;
   OptimizerState() = default;
   // One chunk of one tensor, and where its images lie in the swap tensors.
