@@ -183,6 +183,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._host_values: Dict[str, torch.Tensor] = {}  # the values the optimizer writes
         self._persistent: Dict[str, torch.Tensor] = {}  # stage 3: the ones kept on the device
         self._pending: List[Tuple[str, torch.Tensor, Any]] = []  # gradients on their way
+        self._landed: set = set()  # parameters with a gradient sent down this step
         self._pending_bytes = 0
         self._downs: Optional[Any] = None  # the gradients' copies to the host (a CUDA stream)
         self._unregister: Optional[Any] = None  # releases the page-locked block, if any
@@ -323,7 +324,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if not grad.is_cuda:
             self._hand(name, grad.contiguous())
             return
-        host = self._grad_buffers.get(name)
+        # The engine's own buffer takes a step's first gradient in place; a later micro-batch's
+        # (accumulation by repeated backward) is added into it, so it lands elsewhere.
+        host = None if name in self._landed else self._grad_buffers.get(name)
+        self._landed.add(name)
         if host is None:
             host = torch.empty(grad.shape, dtype=grad.dtype, pin_memory=True)
         # On a stream of its own, after the work that made the gradient, so that backward's
@@ -680,6 +684,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._last_fetches = (self._fetches, self._fetched_elements)
             self._fetches = self._fetched_elements = 0
             self._last_copy_seconds = self._take_copy_seconds()
+        self._landed.clear()
         if self._zero is not None:
             stats = self._zero.step()
         else:
@@ -798,6 +803,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         own weights and an LR scheduler's state are the caller's to save. Under ZeRO every rank
         calls it; rank 0 writes whole parameters, so the checkpoint loads at any world size
         (fp32 or bf16 state)."""
+        self._sync_groups()  # an LR scheduler's step since the last step() is the groups' state
         self.flush()
         (self._zero or self._engine).save(directory)
 

@@ -29,6 +29,7 @@
 namespace zoffload {
 
 using internal::Accumulate;
+using internal::AddInDtype;
 using internal::AlignedBuffer;
 using internal::CastFromFloat;
 using internal::CheckGroup;
@@ -296,12 +297,19 @@ struct OffloadEngine::Impl : public ParamSink {
     updater.AwaitAll();
   }
 
-  // Every parameter has its gradient_accumulation_steps gradients of the window; else
+  // Host mode, overlap "none", gradient_accumulation_steps 1 (or unset): a parameter may take
+  // more gradients than declared before Step, added into its gradient in its dtype as torch
+  // adds into .grad (a loop that accumulates by repeated backward, as every torch optimizer
+  // allows). On the GPU and in the overlap modes the declared count is the count.
+  bool AddsAsTorch() const { return !gpu && accumulation == 1 && overlap == Overlap::kNone; }
+
+  // Every parameter has its gradient_accumulation_steps gradients of the window (at least
+  // those where AddsAsTorch); else
   // FAILED_PRECONDITION from `what` naming the first five without (then `consequence`).
   Status CheckWindowComplete(std::string_view what, std::string_view consequence) const {
     std::vector<std::string> missing;
     for (const Param& p : params) {
-      if (p.received != accumulation) {
+      if (AddsAsTorch() ? p.received < accumulation : p.received != accumulation) {
         missing.push_back(StrCat("'", p.name, "' (", p.received, " of ", accumulation, ")"));
       }
     }
@@ -734,9 +742,27 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
                grad, "; the parameter has ", p->n, " ", ToString(p->dtype), " elements"));
   }
   if (p->received >= e.accumulation) {
-    return FailedPreconditionError(
-        StrCat("gradient of '", p->name, "': it already has its ", e.accumulation,
-               " gradient(s) of this step (gradient_accumulation_steps); call Step first"));
+    // One more micro-batch than declared: added into the gradient in its dtype, as torch adds
+    // into .grad, where the engine can (see AddsAsTorch).
+    if (!e.AddsAsTorch()) {
+      return FailedPreconditionError(StrCat(
+          "gradient of '", p->name, "': it already has its ", e.accumulation,
+          " gradient(s) of this step (gradient_accumulation_steps); call Step first, or declare "
+          "the micro-batches per step in the config's gradient_accumulation_steps (an undeclared "
+          "count adds up only in host mode with overlap \"none\")"));
+    }
+    if (grad == p->grads.data()) {
+      return InvalidArgumentError(StrCat("gradient of '", p->name,
+                                         "': a later micro-batch's gradient cannot be written "
+                                         "into the engine's buffer, which holds the sum so far"));
+    }
+    AddInDtype(p->grads.data(), grad, p->dtype, p->n);
+    e.window_norm.reset();
+    ++p->received;
+    ++e.grads_in_window;
+    if (Tracer* tracer = e.rt->tracer())
+      tracer->Record(kHandOverTrack, p->name, start, Clock::now());
+    return Status::Ok();
   }
   ZO_RETURN_IF_ERROR(e.CheckMemory(grad, StrCat("gradient of '", p->name, "'")));
   e.window_norm.reset();

@@ -1,5 +1,6 @@
 #include "engine/param_math.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -42,6 +43,24 @@ void Accumulate(float* dst, const void* src, DType dtype, uint64_t n, bool add) 
     case DType::kFp16:
       AccumulateAs<_Float16>(dst, src, n, add, [](_Float16 h) { return static_cast<float>(h); });
       return;
+  }
+}
+
+void AddInDtype(void* dst, const void* src, DType dtype, uint64_t n) {
+  if (dtype == DType::kFp32) {
+    Accumulate(static_cast<float*>(dst), src, dtype, n, /*add=*/true);
+    return;
+  }
+  // Through fp32 in blocks: widen the sums, add the new values, round back.
+  constexpr uint64_t kBlock = 4096;
+  float sums[kBlock];
+  const size_t width = DTypeBytes(dtype);
+  for (uint64_t first = 0; first < n; first += kBlock) {
+    const uint64_t len = std::min(kBlock, n - first);
+    std::byte* out = static_cast<std::byte*>(dst) + first * width;
+    Accumulate(sums, out, dtype, len, /*add=*/false);
+    Accumulate(sums, static_cast<const std::byte*>(src) + first * width, dtype, len, /*add=*/true);
+    CastFromFloat(sums, out, dtype, len);
   }
 }
 

@@ -15,6 +15,9 @@ namespace zoffload::internal {
 
 /// dst[i] = src[i] (add: dst[i] += src[i]) in fp32, for i < n; src holds `dtype` values.
 void Accumulate(float* dst, const void* src, DType dtype, uint64_t n, bool add);
+/// dst[i] += src[i] in `dtype` itself, for i < n: each sum computed in fp32 and rounded to
+/// `dtype` (to nearest even), as torch adds a gradient into a parameter's .grad.
+void AddInDtype(void* dst, const void* src, DType dtype, uint64_t n);
 /// fp32 -> `dtype` (round to nearest even), n values.
 void CastFromFloat(const float* in, void* out, DType dtype, uint64_t n);
 /// The low-precision copy CPU Adam writes for parameters of `dtype` (none for fp32).

@@ -56,9 +56,10 @@ def test_trainer_trains_schedules_and_checkpoints(tmp_path):
     assert saved["steps"] == 4 and len(saved["state"]) == len(list(model.parameters()))
 
 
-def _trainer_run(tmp_path, make_opt):
-    """8 steps of the Trainer with its default clipping (max_grad_norm 1.0) and a linear
-    warm-up schedule: the logged losses and grad norms."""
+def _trainer_run(tmp_path, make_opt, accumulation):
+    """8 steps of the Trainer with its default clipping (max_grad_norm 1.0), `accumulation`
+    micro-batches a step (gradient_accumulation_steps: repeated backward, no zoffload config)
+    and a linear warm-up schedule: the logged losses and grad norms."""
     model = tiny_gpt2()
     opt = make_opt(model)
     sched = transformers.get_linear_schedule_with_warmup(opt, num_warmup_steps=3,
@@ -66,6 +67,7 @@ def _trainer_run(tmp_path, make_opt):
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=8, logging_steps=1,
         save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, learning_rate=1e-2,
+        gradient_accumulation_steps=accumulation,
     )
     assert args.max_grad_norm == 1.0
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Tokens(),
@@ -75,16 +77,50 @@ def _trainer_run(tmp_path, make_opt):
     return [h["loss"] for h in logs], [h["grad_norm"] for h in logs]
 
 
-# The Trainer's own clipping (accelerate's clip_grad_norm_, max_grad_norm 1.0) reaches the engine:
-# the same logged losses and grad norms as with torch.optim.AdamW, with clipping active. The
-# norms are summed in float64 by the engine and in float32 by torch: relative 1e-5; the losses
-# follow updates equal to float32 rounding: relative 1e-4.
-def test_trainer_defaults_clip_through_the_engine_as_with_torch_adamw(tmp_path):
+# The Trainer's own clipping (accelerate's clip_grad_norm_, max_grad_norm 1.0) and accumulation
+# (repeated backward) reach the engine: the same logged losses and grad norms as with
+# torch.optim.AdamW, with clipping active. The norms are summed in float64 by the engine and in
+# float32 by torch: relative 1e-5; the losses follow updates equal to float32 rounding:
+# relative 1e-4.
+@pytest.mark.parametrize("accumulation", [1, 4])
+def test_trainer_defaults_clip_and_accumulate_as_with_torch_adamw(tmp_path, accumulation):
     ours_loss, ours_norm = _trainer_run(
         tmp_path / "ours",
-        lambda m: zt.OffloadOptimizer(m.named_parameters(), None, lr=1e-2, weight_decay=0.0))
+        lambda m: zt.OffloadOptimizer(m.named_parameters(), None, lr=1e-2, weight_decay=0.0),
+        accumulation)
     ref_loss, ref_norm = _trainer_run(
-        tmp_path / "ref", lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.0))
+        tmp_path / "ref", lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.0),
+        accumulation)
     assert sum(n > 1.0 for n in ref_norm) >= 2, f"clipping was not active: {ref_norm}"
     assert ours_norm == pytest.approx(ref_norm, rel=1e-5)
     assert ours_loss == pytest.approx(ref_loss, rel=1e-4)
+
+
+# zoffload.hf.Trainer, the two-line change: the optimizer from the TrainingArguments (the
+# micro-batches per step declared to the engine), the same curves as the Trainer's own AdamW
+# (whose decay groups it copies), and a run resumed from its checkpoint equal to one that ran
+# straight through.
+def test_zoffload_hf_trainer_matches_the_trainers_adamw_and_resumes(tmp_path):
+    import zoffload.hf
+
+    def run(trainer_cls, out, steps=6, resume=None, save=False):
+        model = tiny_gpt2()
+        args = transformers.TrainingArguments(
+            output_dir=str(out), per_device_train_batch_size=4, max_steps=steps,
+            logging_steps=1, report_to=[], use_cpu=True, disable_tqdm=True,
+            learning_rate=1e-2, weight_decay=0.1, warmup_steps=2, gradient_accumulation_steps=4,
+            save_strategy="steps" if save else "no", save_steps=3)
+        trainer = trainer_cls(model=model, args=args, train_dataset=Tokens())
+        trainer.train(resume_from_checkpoint=resume)
+        logs = [h for h in trainer.state.log_history if "loss" in h]
+        return [h["loss"] for h in logs], [h["grad_norm"] for h in logs], trainer
+
+    ours_loss, ours_norm, trainer = run(zoffload.hf.Trainer, tmp_path / "ours", save=True)
+    assert isinstance(trainer.optimizer.optimizer, zt.OffloadOptimizer)
+    ref_loss, ref_norm, _ = run(transformers.Trainer, tmp_path / "ref")
+    assert ours_norm == pytest.approx(ref_norm, rel=1e-5)
+    assert ours_loss == pytest.approx(ref_loss, rel=1e-4)
+    checkpoint = tmp_path / "ours" / "checkpoint-3"
+    assert (checkpoint / zoffload.hf.CHECKPOINT_DIR / "manifest.json").is_file()
+    resumed_loss, _, _ = run(zoffload.hf.Trainer, tmp_path / "ours", resume=str(checkpoint))
+    assert resumed_loss[-3:] == pytest.approx(ours_loss[-3:], rel=1e-6)

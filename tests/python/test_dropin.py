@@ -1,6 +1,7 @@
-"""Clipping as training loops write it: torch.nn.utils.clip_grad_norm_ from a plain loop and
-Accelerate's clip_grad_norm_ reach the engine, which clips with the exact global norm and
-returns it; against torch.optim.AdamW + torch's own clipping (host mode, CPU)."""
+"""Training loops as people write them, against torch.optim.AdamW in the same loop (host mode,
+CPU): clipping (torch.nn.utils.clip_grad_norm_ from a plain loop, Accelerate's clip_grad_norm_)
+reaches the engine, which clips with the exact global norm and returns it; accumulation by
+repeated backward before step() adds up as torch's .grad does, with no config key."""
 
 import math
 
@@ -21,17 +22,22 @@ def model_and_data(seed=0, steps=16):
     return model, data
 
 
-def run(opt_of, max_norm, clip=torch.nn.utils.clip_grad_norm_):
+def run(opt_of, max_norm, micro=1):
+    """Each step: `micro` backward passes (the batch split, the loss divided as torch users
+    do), clip_grad_norm_, step, zero_grad."""
     model, data = model_and_data()
     opt = opt_of(model)
     losses, norms = [], []
     for x, y in data:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        norms.append(float(clip(model.parameters(), max_norm)))
+        total = 0.0
+        for xs, ys in zip(x.chunk(micro), y.chunk(micro)):
+            loss = torch.nn.functional.mse_loss(model(xs), ys) / micro
+            loss.backward()
+            total += loss.item()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
         opt.step()
         opt.zero_grad()
-        losses.append(loss.item())
+        losses.append(total)
     return losses, norms, opt
 
 
@@ -48,11 +54,12 @@ def reference(model):
 NORM_REL, LOSS_REL = 1e-5, 1e-4
 
 
-def test_a_plain_loops_clip_grad_norm_clips_with_the_exact_norm():
-    _, free_norms, _ = run(reference, math.inf)
+@pytest.mark.parametrize("micro", [1, 3])
+def test_a_plain_loops_clip_grad_norm_clips_with_the_exact_norm(micro):
+    _, free_norms, _ = run(reference, math.inf, micro)
     max_norm = sorted(free_norms)[len(free_norms) // 2]  # clips about half the steps
-    a_losses, a_norms, opt = run(ours, max_norm)
-    b_losses, b_norms, _ = run(reference, max_norm)
+    a_losses, a_norms, opt = run(ours, max_norm, micro)
+    b_losses, b_norms, _ = run(reference, max_norm, micro)
     assert sum(n > max_norm for n in b_norms) >= 4, "clipping was not active"
     for i, (a, b) in enumerate(zip(a_norms, b_norms)):
         assert a == pytest.approx(b, rel=NORM_REL), f"step {i}: norm {a} vs torch's {b}"
@@ -60,27 +67,37 @@ def test_a_plain_loops_clip_grad_norm_clips_with_the_exact_norm():
     for i, (a, b) in enumerate(zip(a_losses, b_losses)):
         assert a == pytest.approx(b, rel=LOSS_REL), f"step {i}: loss {a} vs torch's {b}"
     # Without the loop's clipping the runs part: the clip reached the step.
-    c_losses, _, _ = run(ours, math.inf)
+    c_losses, _, _ = run(ours, math.inf, micro)
     assert c_losses[-1] != pytest.approx(a_losses[-1], rel=LOSS_REL)
     opt.close()
 
 
-def test_accelerates_clip_grad_norm_reaches_the_engine():
+@pytest.mark.parametrize("micro", [1, 3])
+def test_an_accelerate_loop_clips_and_accumulates_through_the_engine(micro):
+    """Accelerate's accumulate() (micro-batches, the optimizer's step and zero_grad skipped
+    until the last) and its clip_grad_norm_, as its documentation writes the loop."""
     accelerate = pytest.importorskip("accelerate")
-    _, free_norms, _ = run(reference, math.inf)
+    _, free_norms, _ = run(reference, math.inf, micro)
     max_norm = sorted(free_norms)[len(free_norms) // 2]
-    b_losses, b_norms, _ = run(reference, max_norm)
+    b_losses, b_norms, _ = run(reference, max_norm, micro)
     model, data = model_and_data()
-    accelerator = accelerate.Accelerator(cpu=True)
+    accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=micro)
     model, opt = accelerator.prepare(model, ours(model))
-    for i, (x, y) in enumerate(data):
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        accelerator.backward(loss)
-        norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
-        opt.step()
-        opt.zero_grad()
-        assert float(norm) == pytest.approx(b_norms[i], rel=NORM_REL), f"step {i}"
-        assert loss.item() == pytest.approx(b_losses[i], rel=LOSS_REL), f"step {i}"
+    norms, losses = [], []
+    for x, y in data:
+        total = 0.0
+        for xs, ys in zip(x.chunk(micro), y.chunk(micro)):
+            with accelerator.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(xs), ys)
+                accelerator.backward(loss)  # divides by the accumulation steps
+                total += loss.item() / micro
+                if accelerator.sync_gradients:
+                    norms.append(float(accelerator.clip_grad_norm_(model.parameters(), max_norm)))
+                opt.step()
+                opt.zero_grad()
+        losses.append(total)
+    assert norms == pytest.approx(b_norms, rel=NORM_REL)
+    assert losses == pytest.approx(b_losses, rel=LOSS_REL)
 
 
 def test_clip_grad_norm_leaves_other_parameters_to_torch_and_refuses_a_mix():
