@@ -31,12 +31,16 @@ namespace zoffload::internal::plan {
 namespace {
 
 constexpr uint64_t kMaxPlanSize = uint64_t{1} << 50;
+// bf16 FLOPs a second an H100 ran the 7B model's forward+backward at (checkpointing, 4 x 2048
+// tokens: 8 x 6.74e9 x 8192 FLOPs in 0.931 s, docs/PERF.md run of 2026-12-07).
+constexpr double kModelledGpuFlops = 474e12;
 
 constexpr const char* kUsage =
     "usage: zoffload-plan (--model NAME|CONFIG.json | --params N) [--gpu-mem SIZE]\n"
     "                     [--host-mem SIZE] [--nvme DIR ...] [--batch B] [--seq S]\n"
     "                     [--accumulation N] [--no-checkpointing] [--world N] [--stage S]\n"
-    "                     [--offload-param [--param-nvme]] [--bench-json FILE ...] [--measure]\n"
+    "                     [--offload-param [--param-nvme]] [--bench-json FILE ...]\n"
+    "                     [--measure | --no-measure]\n"
     "                     [--config DS.json] [--json OUT]\n"
     "  --model        llama-7b, llama-13b, llama-70b, llama3-8b, or a HuggingFace config.json\n"
     "  --gpu-mem      the GPU memory the run may use (e.g. 24GiB; default: GPU 0's)\n"
@@ -52,8 +56,11 @@ constexpr const char* kUsage =
     "  --bench-json   speeds: zoffload-bench adam/nvme/engine JSON, bench/finetune_7b.py JSON\n"
     "                 (its fwd_bwd system gives the GPU's forward+backward time)\n"
     "  --measure      measure CPU Adam (each state precision), the --nvme disks and PCIe (with\n"
-    "                 a GPU) here, in short runs (the GPU's forward+backward still comes from\n"
-    "                 --bench-json)\n"
+    "                 a GPU) here, in short runs (a few seconds), also with --bench-json; the\n"
+    "                 default without --bench-json. --no-measure: only --bench-json's speeds\n"
+    "                 (rows without them have no step time). Without a forward+backward time\n"
+    "                 from --bench-json, the GPU's is modelled: 8 (6 with --no-checkpointing)\n"
+    "                 x params x tokens at 474 TFLOPS, an H100's rate at 7B (docs/PERF.md)\n"
     "  --config FILE  also estimate this config (its workload, offload target, overlap, state)\n"
     "  --json OUT     every estimate and the advice as JSON\n";
 
@@ -148,7 +155,7 @@ int Fail(const std::string& message, int code = 1) {
 
 int Main(int argc, char** argv) {
   std::string model_arg, json_out, config_path;
-  bool measure = false;
+  std::optional<bool> measure;  // unset: measure when no --bench-json is given
   uint64_t params = 0, gpu_mem = 0, host_mem = 0;
   std::vector<std::string> nvme, bench;
   Workload w;
@@ -198,8 +205,11 @@ int Main(int argc, char** argv) {
       json_out = value();
     } else if (a == "--config") {
       config_path = value();
-    } else if (a == "--measure") {
-      measure = true;
+    } else if (a == "--measure" || a == "--no-measure") {
+      if (measure.has_value() && *measure != (a == "--measure")) {
+        return Fail("give --measure or --no-measure, not both", 2);
+      }
+      measure = a == "--measure";
     } else if (a == "--batch") {
       if (!size(&w.batch)) return 2;
     } else if (a == "--seq") {
@@ -300,8 +310,21 @@ int Main(int argc, char** argv) {
   }
   auto speeds = SpeedsFromJson(bench);
   if (!speeds.ok()) return Fail(speeds.status().message());
-  if (measure) {
+  if (measure.value_or(bench.empty())) {
     if (Status s = Measure(nvme, &*speeds); !s.ok()) return Fail(s.message());
+    if (speeds->fwd_bwd_seconds == 0) {
+      // The GPU's forward+backward, modelled (FLOPs: 2 forward, 4 backward, 2 the checkpointed
+      // recompute, per parameter and token) at the rate an H100 reached on the 7B model.
+      const double tokens = static_cast<double>(w.batch * w.sequence);
+      speeds->fwd_bwd_seconds = (w.checkpointing ? 8.0 : 6.0) *
+                                static_cast<double>(model.params) * tokens / kModelledGpuFlops;
+      speeds->fwd_bwd_params = model.params;
+      std::fprintf(stderr,
+                   "the GPU's forward+backward modelled at %.0f TFLOPS (an H100's rate at 7B): "
+                   "%.3f s a micro-batch; --bench-json with bench/finetune_7b.py's JSON gives "
+                   "your GPU's\n",
+                   kModelledGpuFlops / 1e12, speeds->fwd_bwd_seconds);
+    }
   }
 
   auto row_of = [&](const Candidate& c) {
