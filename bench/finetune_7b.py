@@ -16,7 +16,7 @@ Systems (--systems, comma-separated; default: all):
                  no fp32 master (labelled so: not lossless)
   deepspeed_z2   DeepSpeed ZeRO-2 + offload_optimizer cpu (pin_memory, overlap_comm)
   deepspeed_z3   DeepSpeed ZeRO-3 + offload_param/offload_optimizer cpu, zero.Init
-  zoffload:OVERLAP:STATE[:tN][:cN][:params[:nopf][:pnvme]][:nvmeR]   e.g. zoffload:none:fp32,
+  zoffload:OVERLAP:STATE[:tN][:cN][:clipN][:params[:nopf][:pnvme]][:nvmeR]   e.g. zoffload:none:fp32,
                  zoffload:delayed:bf16; tN: N CPU Adam threads (default: all cores, one fewer
                  with overlap); cN: N elements per chunk of the CPU update (e.g. c16M;
                  zoffload.update_chunk_elements); params: stage 3 with offload_param cpu (the
@@ -24,7 +24,9 @@ Systems (--systems, comma-separated; default: all):
                  nopf: without prefetch (each module's copy starts at its use: the fetch time
                  that prefetch hides); pnvme: the parameters' values on NVMe (offload_param
                  nvme); nvmeR: the share R of the optimizer state on NVMe (e.g. nvme0.2). NVMe
-                 is --nvme-dir.
+                 is --nvme-dir. clipN: the loop clips as torch loops do,
+                 torch.nn.utils.clip_grad_norm_(model.parameters(), N) before each step (e.g.
+                 clip1.0), instead of nothing.
 A system that fails (out of memory, killed, import error) is a result: its exit status and
 the last lines it printed are recorded.
 
@@ -206,7 +208,9 @@ def run_zoffload(args, name):
         args.threads = int(threads[0].lstrip("t"))
     else:
         args.threads = 0 if args.overlap == "none" else max(1, (os.cpu_count() or 2) - 1)
-    chunk = [r for r in rest if r.startswith("c")]
+    clip = [r for r in rest if r.startswith("clip")]
+    args.clip = float(clip[0][4:]) if clip else 0.0
+    chunk = [r for r in rest if r.startswith("c") and not r.startswith("clip")]
     args.chunk = chunk[0][1:] if chunk else "0"
     args.trace = os.path.join(os.path.dirname(os.path.abspath(args.json)),
                               name.replace(":", "_") + "_trace.json") if args.trace else ""

@@ -214,13 +214,17 @@ def run_zoffload(args, name=""):
     gpu_bytes = opt.engine.gpu_bytes if opt.zero is None else 0
     cap_gpu(args, held_elsewhere=gpu_bytes)
 
+    clip = getattr(args, "clip", 0.0)
+
     def step():
+        if clip > 0:  # as torch loops clip: after backward, before the step
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         s = opt.stats()
         # With --offload-param also the parameter copies' GPU time and the part of it that the
         # compute waited for.
         return {k: s[k] for k in ("adam_seconds", "wait_grads_seconds", "update_seconds",
-                                  "upload_wait_seconds", "parameter_copy_seconds",
+                                  "grad_norm", "upload_wait_seconds", "parameter_copy_seconds",
                                   "parameter_copy_exposed_seconds")
                 if k in s}
 
@@ -252,6 +256,9 @@ def main():
     ap.add_argument("--nvme-ratio", type=float, default=1.0,
                     help="with --nvme: the share of the optimizer state on NVMe (the rest in "
                          "host memory); 0: none")
+    ap.add_argument("--clip", type=float, default=0.0, metavar="MAX_NORM",
+                    help="clip in the loop, torch's way: torch.nn.utils.clip_grad_norm_ before "
+                         "each step (0: no clipping)")
     ap.add_argument("--param-nvme", action="store_true",
                     help="with --nvme and --offload-param: the parameters' values on NVMe too "
                          "(offload_param nvme), read ahead of use into a host cache")
