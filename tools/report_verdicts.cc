@@ -108,13 +108,14 @@ std::vector<Verdict> Verdicts(const Json& r) {
         out.push_back({"NCCL (ZeRO across GPUs)", "ready", StrCat("NCCL ", nccl), ""});
       } else {
         out.push_back({"NCCL (ZeRO across GPUs)", "missing",
-                       StrCat("NCCL ", nccl, " is built in, but there is no usable GPU"),
-                       "see GPU"});
+                       StrCat("NCCL ", nccl, " loads, but there is no usable GPU"), "see GPU"});
       }
     } else {
       out.push_back({"NCCL (ZeRO across GPUs)", "missing",
                      nccl.empty() ? "not built with CUDA" : nccl,
-                     "install NCCL with the CUDA toolkit and rebuild"});
+                     nccl.empty() ? "install the CUDA toolkit (with NCCL) and rebuild"
+                                  : "make libnccl.so.2 loadable (LD_LIBRARY_PATH; torch's "
+                                    "wheel brings one)"});
     }
   }
   return out;

@@ -17,7 +17,7 @@ pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   einops==0.8.2 hjson==3.1.0 msgpack==1.2.4 ninja==1.13.2 psutil==7.2.2 py-cpuinfo==9.0.0 \
   pydantic==2.14.4 pydantic-core==2.50.5 typing-extensions==4.16.0 annotated-types==0.8.0 \
   typing-inspection==0.4.5 tqdm==4.70.1 torchao==0.17.0 \
-  pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==25.0
+  pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 packaging==25.0 accelerate==1.16.0
 rm -rf .whl/site
 mkdir -p .whl/site
 for w in "$tmp"/wheels/*.whl; do python3 -m zipfile -e "$w" .whl/site; done
