@@ -482,6 +482,14 @@ Status ExportSafetensors(const std::string& dir, const std::string& out, bool ov
   std::string from;
   ZO_ASSIGN_OR_RETURN(const CheckpointMeta meta, ReadCheckpointMeta(dir, &from));
   if (out.empty()) return InvalidArgumentError("export: no output file given");
+  // Written into the checkpoint it reads, --overwrite would replace the checkpoint's own files.
+  std::error_code ec;
+  const auto out_dir =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(out, ec).parent_path(), ec);
+  if (!ec && out_dir == std::filesystem::weakly_canonical(from, ec)) {
+    return InvalidArgumentError(StrCat("export: ", out, " is inside the checkpoint ", from,
+                                       " it reads; write it elsewhere"));
+  }
   if (!overwrite && Exists(out)) {
     return Status(StatusCode::kAlreadyExists,
                   StrCat("export: ", out, " exists and is replaced only when asked (overwrite)"));

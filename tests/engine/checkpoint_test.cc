@@ -129,6 +129,22 @@ TEST(CheckpointSave, AKilledSavesDebrisIsRemovedByTheNextSaveRelativePathsToo) {
   EXPECT_TRUE(fs::exists(t.dir.path() + "/ck/manifest.json"));
 }
 
+// zoffload-export never writes into the checkpoint it reads, even with overwrite.
+TEST(CheckpointSave, AnExportIntoItsOwnCheckpointIsRefused) {
+  Trained t;
+  ASSERT_TRUE(t.engine);
+  const std::string dir = t.dir.path() + "/ck";
+  ASSERT_TRUE(t.engine->Save(dir).ok());
+  const std::string state = ReadText(dir + "/state.bin");
+  for (const std::string& out : {dir + "/state.bin", dir + "/model.safetensors"}) {
+    const Status s = ExportSafetensors(dir, out, /*overwrite=*/true);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("inside the checkpoint"), std::string::npos) << s;
+  }
+  EXPECT_EQ(ReadText(dir + "/state.bin"), state);
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
+}
+
 // Edits a saved manifest with `edit`, optionally keeping its checksum right (as a careful
 // forger would), and expects Load to refuse with DATA_LOSS naming `expect`, changing nothing.
 void ExpectRefused(Trained& t, const std::string& dir,
