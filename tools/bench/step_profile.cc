@@ -42,7 +42,9 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
     const auto host_tensors = static_cast<uint64_t>(share * o.tensors);
     const uint64_t state =
         host_tensors * (PageBytes(4 * per) + 2 * PageBytes(AdamMomentBytes(o.state, per)));
-    const uint64_t chunk = o.chunk_elements > 0 ? o.chunk_elements : uint64_t{4} << 20;
+    // A slot holds one chunk, or a whole tensor when that is smaller.
+    const uint64_t chunk =
+        std::min(o.chunk_elements > 0 ? o.chunk_elements : uint64_t{4} << 20, largest);
     const uint64_t slots =
         o.state_on == StateHome::kNvme
             ? static_cast<uint64_t>(o.buffers) * (4 * chunk + 2 * AdamMomentBytes(o.state, chunk))
