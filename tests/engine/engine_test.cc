@@ -1152,3 +1152,121 @@ TEST_F(EngineGpuOverlap, InfInAGradientIsFoundOnTheGpu) {
 
 }  // namespace
 }  // namespace zoffload::internal
+
+// ---- accumulation as torch does it ----------------------------------------------------------
+
+namespace zoffload::internal::testing {
+namespace {
+
+// bf16 round to nearest even of a double that is exact in fp32 (a sum of two bf16 values):
+// the test's own rounding, for the reference.
+uint16_t RoundToBf16(double x) {
+  const auto f = static_cast<float>(x);
+  uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t lower = u & 0xffffu, half = 0x8000u;
+  u >>= 16;
+  if (lower > half || (lower == half && (u & 1u))) ++u;
+  return static_cast<uint16_t>(u);
+}
+
+// Host mode, overlap "none", no gradient_accumulation_steps: three backward passes a step are
+// added into the first in bf16 (each sum rounded, as torch adds into a bf16 .grad), and the
+// steps equal, bit for bit, an engine given each step's sum as one gradient. Under overlap
+// "backward" an undeclared micro-batch is refused with the key to set.
+TEST(EngineAccumulation, UndeclaredMicroBatchesAddUpAsTorchsGrad) {
+  TempDir swap_a, swap_b;
+  const Case c{1, true, StatePrecision::kFp32, "host"};
+  Model repeated_model(21), summed_model(21);
+  auto repeated = HostEngine(c, swap_a.path(), repeated_model);
+  auto summed = HostEngine(c, swap_b.path(), summed_model);
+  ASSERT_TRUE(repeated && summed);
+  for (int step = 1; step <= 4; ++step) {
+    std::vector<std::vector<uint16_t>> sums;
+    for (int micro = 0; micro < 3; ++micro) {
+      const auto grads = Grads(100 * step + micro);
+      for (size_t i = 0; i < kSizes.size(); ++i) {
+        ASSERT_TRUE(
+            repeated->GradientReady(Name(i), grads[i].data(), kSizes[i], DType::kBf16).ok());
+      }
+      if (micro == 0) {
+        sums = grads;
+        continue;
+      }
+      for (size_t i = 0; i < kSizes.size(); ++i) {
+        for (uint64_t k = 0; k < kSizes[i]; ++k) {
+          sums[i][k] = RoundToBf16(static_cast<double>(FromBf16(sums[i][k])) +
+                                   static_cast<double>(FromBf16(grads[i][k])));
+        }
+      }
+    }
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      ASSERT_TRUE(summed->GradientReady(Name(i), sums[i].data(), kSizes[i], DType::kBf16).ok());
+    }
+    auto a = repeated->Step();
+    auto b = summed->Step();
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+    EXPECT_EQ(a->grad_norm, b->grad_norm);
+  }
+  EXPECT_EQ(AllState(*repeated, StatePrecision::kFp32), AllState(*summed, StatePrecision::kFp32));
+  EXPECT_EQ(repeated_model.params, summed_model.params);
+
+  // Overlap "backward" updates at each parameter's declared last gradient: refused, naming the
+  // key; the engine's own buffer cannot hold a later micro-batch either.
+  Config backward = MakeConfig({1, false, StatePrecision::kFp32, "host"}, swap_a.path());
+  backward.zoffload.overlap = Overlap::kBackward;
+  EngineOptions eo;
+  eo.host_params = true;
+  eo.groups = Groups();
+  Model m(22);
+  auto engine = OffloadEngine::Create(backward, m.Specs(), eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const auto grads = Grads(7);
+  ASSERT_TRUE((*engine)->GradientReady(Name(0), grads[0].data(), kSizes[0], DType::kBf16).ok());
+  const Status s = (*engine)->GradientReady(Name(0), grads[0].data(), kSizes[0], DType::kBf16);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("gradient_accumulation_steps"), std::string::npos) << s;
+  void* own = *repeated->GradientBuffer(Name(1));
+  ASSERT_TRUE(repeated->GradientReady(Name(1), own, kSizes[1], DType::kBf16).ok());
+  EXPECT_EQ(repeated->GradientReady(Name(1), own, kSizes[1], DType::kBf16).code(),
+            StatusCode::kInvalidArgument);
+}
+
+// GradientNorm (a loop's clip_grad_norm_) is the norm Step then reports and clips with, and
+// SetGradientClipping changes the clip from the next Step on.
+TEST(EngineAccumulation, GradientNormIsTheStepsNormAndSetsTheClip) {
+  TempDir swap_a, swap_b;
+  const Case no_clip{1, false, StatePrecision::kFp32, "host"},
+      clip{1, true, StatePrecision::kFp32, "host"};
+  Model a_model(23), b_model(23);
+  auto a = HostEngine(no_clip, swap_a.path(), a_model);  // clipped by the loop
+  auto b = HostEngine(clip, swap_b.path(), b_model);     // by the config (0.5)
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->GradientNorm().status().code(), StatusCode::kFailedPrecondition);  // no gradients
+  for (int step = 1; step <= 3; ++step) {
+    const auto grads = Grads(step);
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      ASSERT_TRUE(a->GradientReady(Name(i), grads[i].data(), kSizes[i], DType::kBf16).ok());
+      ASSERT_TRUE(b->GradientReady(Name(i), grads[i].data(), kSizes[i], DType::kBf16).ok());
+    }
+    double want = 0;
+    for (const auto& g : grads) {
+      for (uint16_t x : g) want += static_cast<double>(FromBf16(x)) * FromBf16(x);
+    }
+    auto norm = a->GradientNorm();
+    ASSERT_TRUE(norm.ok()) << norm.status();
+    // The host's norm pass adds runs of squares in fp32 before float64: relative 1e-6.
+    EXPECT_NEAR(*norm, std::sqrt(want), 1e-6 * std::sqrt(want));
+    ASSERT_TRUE(a->SetGradientClipping(0.5).ok());
+    auto sa = a->Step();
+    auto sb = b->Step();
+    ASSERT_TRUE(sa.ok() && sb.ok());
+    EXPECT_EQ(sa->grad_norm, *norm);
+    EXPECT_EQ(sa->clip_coef, sb->clip_coef);
+    EXPECT_LT(sa->clip_coef, 1.0f);
+  }
+  EXPECT_EQ(AllState(*a, StatePrecision::kFp32), AllState(*b, StatePrecision::kFp32));
+  EXPECT_EQ(a->SetGradientClipping(-1).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zoffload::internal::testing
