@@ -56,6 +56,7 @@ skipped and counted in ``skipped_steps``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import sys
@@ -653,7 +654,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             )
         if self._host_grads:
             self._hand_over(wait=True)
-        if not torch.isinf(torch.tensor(float(max_norm))):
+        if not math.isinf(float(max_norm)):
             self._engine.set_gradient_clipping(float(max_norm))
         norm = self._engine.gradient_norm()
         return torch.tensor(norm, dtype=torch.float32,

@@ -741,6 +741,7 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
         StrCat("gradient of '", p->name, "': ", elements, " ", ToString(dtype), " elements at ",
                grad, "; the parameter has ", p->n, " ", ToString(p->dtype), " elements"));
   }
+  ZO_RETURN_IF_ERROR(e.CheckMemory(grad, StrCat("gradient of '", p->name, "'")));
   if (p->received >= e.accumulation) {
     // One more micro-batch than declared: added into the gradient in its dtype, as torch adds
     // into .grad, where the engine can (see AddsAsTorch).
@@ -764,7 +765,6 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
       tracer->Record(kHandOverTrack, p->name, start, Clock::now());
     return Status::Ok();
   }
-  ZO_RETURN_IF_ERROR(e.CheckMemory(grad, StrCat("gradient of '", p->name, "'")));
   e.window_norm.reset();
   const bool add = p->received > 0;
   const bool last = p->received + 1 == e.accumulation;
