@@ -316,8 +316,8 @@ int Main(int argc, char** argv) {
       // The GPU's forward+backward, modelled (FLOPs: 2 forward, 4 backward, 2 the checkpointed
       // recompute, per parameter and token) at the rate an H100 reached on the 7B model.
       const double tokens = static_cast<double>(w.batch * w.sequence);
-      speeds->fwd_bwd_seconds = (w.checkpointing ? 8.0 : 6.0) *
-                                static_cast<double>(model.params) * tokens / kModelledGpuFlops;
+      speeds->fwd_bwd_seconds = (w.checkpointing ? 8.0 : 6.0) * static_cast<double>(model.params) *
+                                tokens / kModelledGpuFlops;
       speeds->fwd_bwd_params = model.params;
       std::fprintf(stderr,
                    "the GPU's forward+backward modelled at %.0f TFLOPS (an H100's rate at 7B): "

@@ -491,7 +491,8 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
   EXPECT_EQ(plan["candidates"].size(), 9u);
   EXPECT_EQ(plan["alternatives"].size(), 3u);
   // 70B on a 24 GiB GPU: the parameters alone do not fit; what ZeRO-3 offload would take.
-  r = testing::RunCommand(tool + " --no-measure --model llama-70b --gpu-mem 24GiB --host-mem 1TiB 2>&1");
+  r = testing::RunCommand(tool +
+                          " --no-measure --model llama-70b --gpu-mem 24GiB --host-mem 1TiB 2>&1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("the bf16 parameters alone take 128.5 GiB of GPU memory: with ZeRO-3 "
                           "parameter offload (--stage 3 --offload-param; zoffload.torch with "
@@ -500,8 +501,9 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
             std::string::npos)
       << r.output;
   // ... and asked for: memory only, a config the parser accepts.
-  r = testing::RunCommand(tool + " --no-measure --model llama-70b --gpu-mem 24GiB --host-mem 1TiB --world 8 " +
-                          "--stage 3 --offload-param --json " + dir.File("z3.json") + " 2>&1");
+  r = testing::RunCommand(
+      tool + " --no-measure --model llama-70b --gpu-mem 24GiB --host-mem 1TiB --world 8 " +
+      "--stage 3 --offload-param --json " + dir.File("z3.json") + " 2>&1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("ZeRO stage 3 with offload_param cpu, 8 ranks"), std::string::npos)
       << r.output;
@@ -511,7 +513,8 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
       << r.output;
   // One rank, stage 3 with offload_param (zoffload.torch's parameter offload): 13B on a 24 GiB
   // GPU fits with int8 state; overlap delayed is no candidate (the config refuses it there).
-  r = testing::RunCommand(tool + " --no-measure --model llama-13b --gpu-mem 24GiB --host-mem 125GiB " +
+  r = testing::RunCommand(tool +
+                          " --no-measure --model llama-13b --gpu-mem 24GiB --host-mem 125GiB " +
                           "--stage 3 --offload-param --json " + dir.File("p13.json") + " 2>&1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("(no step time: CPU Adam's rate or the GPU's forward+backward time is "
@@ -527,9 +530,9 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
   // 0.3B parameters in 5 GiB of host memory with a disk: the least share of the state on NVMe
   // that fits (0.3 of the fp32 state, in steps of 0.05; 2 GiB of disk) is a candidate, and the
   // advice (no step times known: the widest state first).
-  r = testing::RunCommand(tool + " --no-measure --params 300000000 --gpu-mem 24GiB --host-mem 5GiB --nvme " +
-                          dir.path() + " --stage 3 --offload-param --json " +
-                          dir.File("least.json") + " 2>&1");
+  r = testing::RunCommand(
+      tool + " --no-measure --params 300000000 --gpu-mem 24GiB --host-mem 5GiB --nvme " +
+      dir.path() + " --stage 3 --offload-param --json " + dir.File("least.json") + " 2>&1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("advice: overlap none, fp32 state, 0.3 on NVMe"), std::string::npos)
       << r.output;
@@ -540,16 +543,19 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
   const auto z3 = ReadJson(dir.File("z3.json"));
   EXPECT_TRUE(ParseConfig(z3["advice"].dump()).ok()) << z3["advice"].dump();
   EXPECT_EQ(z3["advice"]["zero_optimization"]["stage"], 3);
-  r = testing::RunCommand(tool + " --no-measure --model llama-7b --gpu-mem 24GiB --offload-param 2>&1");
+  r = testing::RunCommand(tool +
+                          " --no-measure --model llama-7b --gpu-mem 24GiB --offload-param 2>&1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--offload-param needs --stage 3"), std::string::npos) << r.output;
-  r = testing::RunCommand(tool + " --no-measure --model llama-7b --gpu-mem 24GiB --stage 3 --offload-param " +
-                          "--param-nvme 2>&1");
+  r = testing::RunCommand(
+      tool + " --no-measure --model llama-7b --gpu-mem 24GiB --stage 3 --offload-param " +
+      "--param-nvme 2>&1");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--param-nvme needs --offload-param and --nvme DIR"), std::string::npos)
       << r.output;
   // The parameters on NVMe too (2 GB of disk for 1B): the advice puts them there.
-  r = testing::RunCommand(tool + " --no-measure --params 1000000000 --gpu-mem 24GiB --host-mem 64GiB " +
+  r = testing::RunCommand(tool +
+                          " --no-measure --params 1000000000 --gpu-mem 24GiB --host-mem 64GiB " +
                           "--stage 3 --offload-param --param-nvme --nvme " + dir.path() +
                           " --json " + dir.File("pn.json") + " 2>&1");
   EXPECT_NE(r.output.find("ZeRO stage 3 with offload_param nvme"), std::string::npos) << r.output;
@@ -563,7 +569,8 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--stage: '4' is not an integer from 1 to 3"), std::string::npos)
       << r.output;
-  r = testing::RunCommand(tool + " --no-measure --model llama-7b --gpu-mem 24GiB --host-mem 48GiB 2>&1");
+  r = testing::RunCommand(tool +
+                          " --no-measure --model llama-7b --gpu-mem 24GiB --host-mem 48GiB 2>&1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("nothing fits: the smallest (int8 state) needs host 51.9 > 48.0 GiB; "
                           "give --nvme DIR"),
@@ -573,8 +580,9 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
   // 5e8 elements, makes the gradient ring 1.86 GiB).
   std::ofstream(dir.File("ds.json")) << R"({"zero_optimization": {"stage": 2,
       "offload_optimizer": {"device": "cpu"}}, "zoffload": {"optimizer_state": "bf16"}})";
-  r = testing::RunCommand(tool + " --no-measure --model llama-7b --gpu-mem 24GiB --host-mem 64GiB --config " +
-                          dir.File("ds.json") + " 2>&1");
+  r = testing::RunCommand(
+      tool + " --no-measure --model llama-7b --gpu-mem 24GiB --host-mem 64GiB --config " +
+      dir.File("ds.json") + " 2>&1");
   EXPECT_NE(r.output.find(dir.File("ds.json") + ": overlap none, bf16 state: GPU 19.6 GiB, "
                                                 "host 64.3 GiB"),
             std::string::npos)
@@ -597,12 +605,13 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("measuring CPU Adam"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("modelled at 474 TFLOPS"), std::string::npos) << r.output;
-  for (const auto& c : ReadJson(dir.File("default.json"))["candidates"]) {
+  const auto measured_here = ReadJson(dir.File("default.json"));
+  for (const auto& c : measured_here["candidates"]) {
     EXPECT_GT(c["step_seconds"].get<double>(), 0) << c.dump();
   }
-  EXPECT_EQ(testing::RunCommand(tool + " --params 100M --gpu-mem 24GiB --measure --no-measure")
-                .exit_code,
-            2);
+  EXPECT_EQ(
+      testing::RunCommand(tool + " --params 100M --gpu-mem 24GiB --measure --no-measure").exit_code,
+      2);
   r = testing::RunCommand(tool + " --model llama-13 --gpu-mem 24GiB 2>&1");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("did you mean 'llama-13b'?"), std::string::npos) << r.output;
