@@ -78,11 +78,34 @@ struct HostComm::Header {
   std::atomic<uint64_t> arrived[kMaxWorld];  // each rank's barriers reached
   std::atomic<uint64_t> call[kMaxWorld];     // each rank's current collective (Kind, size)
   std::atomic<int32_t> pid[kMaxWorld];       // each rank's process, once it has attached
+  std::atomic<uint64_t> pidns[kMaxWorld];    // and its pid namespace (PidNamespace)
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "shared-memory atomics must be lock-free");
 
 namespace {
+
+// This process's pid namespace (the inode of /proc/self/ns/pid; 0 when unknown): a pid names
+// the same process only within one namespace (ranks in containers of their own may share
+// /dev/shm, not pids).
+uint64_t PidNamespace() {
+  static const uint64_t ns = [] {
+    struct stat st {};
+    return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+  }();
+  return ns;
+}
+
+// Rank r's pid as this process can check it (0, "not known to be gone", from another namespace).
+int32_t VisiblePid(const HostComm::Header& h, int r) {
+  return h.pidns[r].load() == PidNamespace() ? h.pid[r].load() : 0;
+}
+
+// Records this process as rank r's.
+void Attach(HostComm::Header& h, int r) {
+  h.pidns[r].store(PidNamespace());
+  h.pid[r].store(static_cast<int32_t>(::getpid()));
+}
 
 // Removes the names of segments in /dev/shm whose rank 0 died before every rank joined (a
 // joined run's segment has no name left): the one leftover a kill can make, which no process
@@ -102,7 +125,7 @@ void RemoveAbandonedSegments() {
     } else {
       void* map = ::mmap(nullptr, sizeof(HostComm::Header), PROT_READ, MAP_SHARED, fd.get(), 0);
       if (map == MAP_FAILED) continue;
-      const int32_t creator = static_cast<const HostComm::Header*>(map)->pid[0].load();
+      const int32_t creator = VisiblePid(*static_cast<const HostComm::Header*>(map), 0);
       abandoned = creator > 0 && !Alive(creator);
       ::munmap(map, sizeof(HostComm::Header));
     }
@@ -164,12 +187,12 @@ Result<std::unique_ptr<HostComm>> HostComm::Create(const Options& o) {
   comm->header_ = static_cast<Header*>(map);
   Header& h = *comm->header_;
   if (o.rank == 0) {  // the segment starts zeroed
-    h.pid[0].store(static_cast<int32_t>(::getpid()));
+    Attach(h, 0);
     h.world.store(static_cast<uint32_t>(o.world));
     h.magic.store(kMagic, std::memory_order_release);
   } else {
     while (h.magic.load(std::memory_order_acquire) != kMagic) {
-      if (!Alive(h.pid[0].load())) {
+      if (!Alive(VisiblePid(h, 0))) {
         ::shm_unlink(path.c_str());  // rank 0 cannot remove it any more
         return Status(StatusCode::kUnavailable,
                       StrCat("host communicator: rank 0 (pid ", h.pid[0].load(), ") of ", path,
@@ -186,14 +209,14 @@ Result<std::unique_ptr<HostComm>> HostComm::Create(const Options& o) {
       return InvalidArgumentError(StrCat("host communicator: rank ", o.rank, " has world size ",
                                          o.world, "; rank 0 has ", h.world.load()));
     }
-    h.pid[o.rank].store(static_cast<int32_t>(::getpid()));
+    Attach(h, o.rank);
   }
   // Everyone is attached before anyone goes on. Then rank 0 removes the name: a run killed
   // later leaves nothing in /dev/shm, and a relaunch under the same name (torchrun restarts
   // keep it) cannot attach to this run's segment.
   if (Status joined = comm->Barrier(); !joined.ok()) {
     // Rank 0 gone before everyone joined: no one else would remove the name.
-    if (o.rank != 0 && !Alive(h.pid[0].load())) ::shm_unlink(path.c_str());
+    if (o.rank != 0 && !Alive(VisiblePid(h, 0))) ::shm_unlink(path.c_str());
     return joined.WithContext("host communicator: joining");
   }
   // Every rank removes the name (the first one does it; ENOENT for the others): a rank 0 killed
@@ -244,7 +267,7 @@ Status HostComm::Barrier() {
     if (now > next_check) {  // a rank that died will never arrive: no need to wait it out
       next_check = now + kLivenessPeriod;
       for (int r = 0; r < options_.world; ++r) {
-        const int32_t pid = h.pid[r].load();
+        const int32_t pid = VisiblePid(h, r);
         if (h.arrived[r].load() >= barriers_ || Alive(pid)) continue;
         h.aborted.store(1, std::memory_order_release);
         broken_ = Status(StatusCode::kUnavailable,

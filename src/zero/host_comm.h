@@ -10,8 +10,9 @@
 // region, all meet again. Reductions add the ranks' values in rank order (0, 1, ..., N-1), from
 // rank 0's value, on every rank, so every rank gets the same bits, run after run.
 //
-// Failure: each rank's pid is in the header; a rank waiting at a barrier checks every 100 ms
-// that the ranks it waits for are alive, and at most `timeout` in all. A dead rank, or the
+// Failure: each rank's pid (and pid namespace) is in the header; a rank waiting at a barrier
+// checks every 100 ms that the ranks it waits for are alive (those of its own pid namespace:
+// another's pids mean other processes), and at most `timeout` in all. A dead rank, or the
 // timeout, makes it mark the communicator aborted (the others see it at once) and return an
 // error naming the ranks (and pids) that never arrived; after that every call fails, nothing
 // hangs. Ranks that call different collectives (kind or size) all fail with an error naming
