@@ -26,10 +26,10 @@ class StrictChecker final : public nlohmann::json_sax<Json> {
 
   explicit StrictChecker(std::vector<std::string>* errors) : errors_(errors) {}
 
-  bool null() override { return Value(); }
-  bool boolean(bool /*value*/) override { return Value(); }
-  bool number_integer(number_integer_t /*value*/) override { return Value(); }
-  bool number_unsigned(number_unsigned_t /*value*/) override { return Value(); }
+  bool null() override { return true; }
+  bool boolean(bool /*value*/) override { return true; }
+  bool number_integer(number_integer_t /*value*/) override { return true; }
+  bool number_unsigned(number_unsigned_t /*value*/) override { return true; }
   bool number_float(number_float_t value, const string_t& literal) override {
     const size_t exponent = literal.find_first_of("eE");
     const std::string mantissa = literal.substr(0, exponent);
@@ -38,10 +38,10 @@ class StrictChecker final : public nlohmann::json_sax<Json> {
     } else if (value == 0 && mantissa.find_first_of("123456789") != std::string::npos) {
       Error(StrCat(literal, " is too small for a double: it would be read as 0"));
     }
-    return Value();
+    return true;
   }
-  bool string(string_t& /*value*/) override { return Value(); }
-  bool binary(binary_t& /*value*/) override { return Value(); }
+  bool string(string_t& /*value*/) override { return true; }
+  bool binary(binary_t& /*value*/) override { return true; }
   bool start_object(size_t /*elements*/) override { return Open(true); }
   bool start_array(size_t /*elements*/) override { return Open(false); }
   bool end_object() override { return Close(); }
@@ -79,7 +79,6 @@ class StrictChecker final : public nlohmann::json_sax<Json> {
   void Error(const std::string& message) {
     errors_->push_back(StrCat(PrintablePath(Here()), ": ", message));
   }
-  bool Value() { return true; }
   bool Open(bool is_object) {
     if (scopes_.size() >= kMaxDepth) {
       Error(StrCat("nested deeper than ", kMaxDepth, " levels"));

@@ -319,6 +319,16 @@ struct OffloadEngine::Impl : public ParamSink {
                                           consequence));
   }
 
+  // Counts a gradient of `p` handed over (its hand-over began at `start`); the window's norm,
+  // if GradientNorm made one, no longer holds.
+  Status Received(Param& p, Clock::time_point start) {
+    window_norm.reset();
+    ++p.received;
+    ++grads_in_window;
+    if (Tracer* tracer = rt->tracer()) tracer->Record(kHandOverTrack, p.name, start, Clock::now());
+    return Status::Ok();
+  }
+
   // Waits until the window's gradients are all in host memory (and summed), and, on the GPU,
   // reads their squares where the GPU made them and no worker has.
   Status AwaitGradients() {
@@ -758,14 +768,8 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
                                          "into the engine's buffer, which holds the sum so far"));
     }
     AddInDtype(p->grads.data(), grad, p->dtype, p->n);
-    e.window_norm.reset();
-    ++p->received;
-    ++e.grads_in_window;
-    if (Tracer* tracer = e.rt->tracer())
-      tracer->Record(kHandOverTrack, p->name, start, Clock::now());
-    return Status::Ok();
+    return e.Received(*p, start);
   }
-  e.window_norm.reset();
   const bool add = p->received > 0;
   const bool last = p->received + 1 == e.accumulation;
   const size_t i = static_cast<size_t>(p - e.params.data());
@@ -808,10 +812,7 @@ Status OffloadEngine::GradientReady(std::string_view name, const void* grad, uin
     }
   }
   if (last) e.arrival.push_back(i);
-  ++p->received;
-  ++e.grads_in_window;
-  if (Tracer* tracer = e.rt->tracer()) tracer->Record(kHandOverTrack, p->name, start, Clock::now());
-  return Status::Ok();
+  return e.Received(*p, start);
 }
 
 Result<void*> OffloadEngine::GradientBuffer(std::string_view name) {

@@ -13,10 +13,10 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <future>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -332,12 +332,11 @@ void CatchStopSignals() {
 
 uint64_t AvailableHostMemory() {
   uint64_t available = std::numeric_limits<uint64_t>::max();
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") available = kib * 1024;
+  if (auto meminfo = ReadBoundedFile("/proc/meminfo", 1 << 20, "meminfo"); meminfo.ok()) {
+    const size_t at = meminfo->find("MemAvailable:");
+    if (at != std::string::npos) {
+      available = std::strtoull(meminfo->c_str() + at + 13, nullptr, 10) * 1024;  // kB
+    }
   }
   // A container's limit (cgroup v2): what its memory.max leaves above memory.current.
   auto cgroup_value = [](const char* file) -> std::optional<uint64_t> {
