@@ -595,7 +595,9 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
   auto impl = std::make_unique<Impl>();
   Impl& e = *impl;
   e.config = config;
-  ZO_ASSIGN_OR_RETURN(OptimizerStateOptions so, OptimizerStateOptions::FromConfig(config));
+  // The parser's rules, for a config built in code (e.config: nvme_paths normalized).
+  ZO_RETURN_IF_ERROR(ValidateConfig(e.config).WithContext("engine"));
+  ZO_ASSIGN_OR_RETURN(OptimizerStateOptions so, OptimizerStateOptions::FromConfig(e.config));
   if (options.staging_slots < 2) {
     return InvalidArgumentError(
         StrCat("engine: staging_slots must be at least 2, got ", options.staging_slots));
@@ -608,10 +610,6 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
   }
   e.accumulation = static_cast<int>(config.gradient_accumulation_steps.value_or(1));
   e.overlap = config.zoffload.overlap;
-  if (e.overlap != Overlap::kNone) {  // its rules, for a config built in code
-    Config checked = config;
-    ZO_RETURN_IF_ERROR(ValidateConfig(checked).WithContext("engine"));
-  }
   e.scaler = internal::LossScaler(config.fp16);
   if (specs.empty()) return InvalidArgumentError("engine: no parameters given");
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -655,7 +653,8 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
   e.options = std::move(options);
   RuntimeContext* context = e.options.context;
   if (context == nullptr) {
-    ZO_ASSIGN_OR_RETURN(e.own_context, RuntimeContext::Create(RuntimeOptions::FromConfig(config)));
+    ZO_ASSIGN_OR_RETURN(e.own_context,
+                        RuntimeContext::Create(RuntimeOptions::FromConfig(e.config)));
     context = e.own_context.get();
   }
   e.rt = &context->impl();

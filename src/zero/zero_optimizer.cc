@@ -83,7 +83,9 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
                                                              Communicator& comm,
                                                              ZeroOptions options, uint64_t align) {
   std::unique_ptr<ZeroOptimizer> z(new ZeroOptimizer(config, comm));
-  const ZeroConfig& zc = config.zero_optimization;
+  // The parser's rules, for a config built in code (config_: nvme_paths normalized).
+  ZO_RETURN_IF_ERROR(ValidateConfig(z->config_, comm.world()).WithContext("ZeRO"));
+  const ZeroConfig& zc = z->config_.zero_optimization;
   if (zc.stage < 1 || zc.stage > 3) {
     return InvalidArgumentError(
         StrCat("ZeRO: zero_optimization.stage must be 1, 2 or 3 to partition across ranks, got ",
@@ -97,7 +99,7 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
   z->stage_ = zc.stage;
   z->accumulation_ = static_cast<int>(config.gradient_accumulation_steps.value_or(1));
   z->scaler_ = LossScaler(config.fp16);
-  ZO_ASSIGN_OR_RETURN(OptimizerStateOptions so, OptimizerStateOptions::FromConfig(config));
+  ZO_ASSIGN_OR_RETURN(OptimizerStateOptions so, OptimizerStateOptions::FromConfig(z->config_));
   z->groups_ = options.groups.empty()
                    ? std::vector<ParamGroup>{ParamGroup::FromConfig(config.optimizer)}
                    : options.groups;
@@ -173,7 +175,7 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
 
   RuntimeContext* context = options.context;
   if (context == nullptr) {
-    RuntimeOptions ro = RuntimeOptions::FromConfig(config);
+    RuntimeOptions ro = RuntimeOptions::FromConfig(z->config_);
     if (comm.world() > 1) {  // ranks on one machine must not share a swap directory
       for (std::string& dir : ro.nvme_paths) {
         dir = StrCat(dir, "/rank", comm.rank());

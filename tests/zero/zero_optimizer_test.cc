@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "build_info.h"
+#include "common/bad_configs.h"
 #include "common/strings.h"
 #include "engine/param_math.h"
 #include "test_util.h"
@@ -740,6 +741,34 @@ TEST(ZeroOptimizerTest, GathersAndStepsAreOnTheTrace) {
   }
   EXPECT_EQ(gathered, std::vector<std::string>(kNames.begin(), kNames.end()));
   EXPECT_EQ(steps, 1);
+}
+
+// A Config built in code gets the parser's rules in Create: each value the parser refuses is
+// refused here with its message (tests/common/bad_configs.h).
+TEST(ZeroOptimizerTest, CreateRefusesEveryValueTheParserRefuses) {
+  const std::vector<int> code = RunRanks(1, [&](int) {
+    auto comm = HostComm::Create({.name = SegmentName("create")});
+    if (!comm.ok()) return 100;
+    std::vector<std::vector<std::byte>> values = InitialValues(DType::kFp32);
+    const std::vector<ParameterSpec> specs = Specs(values, DType::kFp32);
+    RankRun run;
+    run.stage = 2;
+    auto valid = ParseConfig(ConfigJson(run));
+    if (!valid.ok() || !ZeroOptimizer::Create(*valid, specs, **comm).ok()) return 101;
+    int failures = 0;
+    for (const zoffload::testing::BadConfig& bad : zoffload::testing::BadConfigs()) {
+      Config config = *valid;
+      bad.change(config);
+      const Status s = ZeroOptimizer::Create(config, specs, **comm).status();
+      if (s.code() != StatusCode::kInvalidArgument ||
+          s.message().find(bad.key) == std::string::npos) {
+        std::fprintf(stderr, "%s: got %s\n", bad.key.c_str(), s.ToString().c_str());
+        ++failures;
+      }
+    }
+    return failures;
+  });
+  EXPECT_EQ(code, std::vector<int>{0});
 }
 
 // Bad calls and configs get errors that name what is wrong; nothing is updated by them.
