@@ -89,14 +89,6 @@ DevicePath::~DevicePath() {
   }
 }
 
-Result<int> DevicePath::DeviceOf(const void* ptr) {
-  cudaPointerAttributes attributes{};
-  ZO_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attributes, ptr));
-  const bool device =
-      attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
-  return device ? attributes.device : -1;
-}
-
 Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32_t tag,
                        void* stream, const Future<>* upload, const SquaresTo* squares) {
   const cudaStream_t caller = AsStream(stream);

@@ -75,9 +75,6 @@ class DevicePath {
                                                     size_t squares = 0);
   ~DevicePath();
 
-  /// The CUDA device `ptr` points into, or -1 for host memory.
-  static Result<int> DeviceOf(const void* ptr);
-
   /// Sends `bytes` of device memory at `grad` (produced on `stream`, a cudaStream_t; null:
   /// the legacy default stream) to pinned `host`, after `upload` (when given) has read it.
   /// With `squares` its sum of squares and inf/NaN count go down too (item 5).

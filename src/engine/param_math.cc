@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
+#include <string>
 
 #include "common/strings.h"
 
@@ -106,6 +108,51 @@ Status CheckGroup(const ParamGroup& g, std::string_view where) {
       StrCat(where, ": lr ", g.lr, ", betas (", g.beta1, ", ", g.beta2, "), eps ", g.eps,
              ", weight_decay ", g.weight_decay,
              ": need lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0"));
+}
+
+Result<std::vector<ParamGroup>> StartingGroups(const std::vector<ParamGroup>& given,
+                                               const OptimizerConfig& optimizer,
+                                               std::string_view who) {
+  std::vector<ParamGroup> groups =
+      given.empty() ? std::vector<ParamGroup>{ParamGroup::FromConfig(optimizer)} : given;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    ZO_RETURN_IF_ERROR(CheckGroup(groups[g], StrCat(who, ": parameter group ", g)));
+  }
+  return groups;
+}
+
+Status CheckSpecs(const std::vector<ParameterSpec>& specs, size_t groups, std::string_view who) {
+  if (specs.empty()) return InvalidArgumentError(StrCat(who, ": no parameters given"));
+  std::set<std::string_view> names;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const ParameterSpec& s = specs[i];
+    if (s.name.empty())
+      return InvalidArgumentError(StrCat(who, ": parameter #", i, " has no name"));
+    if (s.elements == 0 || s.data == nullptr) {
+      return InvalidArgumentError(StrCat(who, ": parameter '", s.name,
+                                         "' needs memory and at least 1 element (got ", s.elements,
+                                         " elements at ", s.data, ")"));
+    }
+    if (s.group < 0 || static_cast<size_t>(s.group) >= groups) {
+      return InvalidArgumentError(StrCat(who, ": parameter '", s.name, "' is in group ", s.group,
+                                         "; there are ", groups, " groups"));
+    }
+    uint64_t shape_elements = 1;
+    std::string shape;
+    for (uint64_t d : s.shape) {
+      shape_elements *= d;
+      shape += StrCat(shape.empty() ? "" : ", ", d);
+    }
+    if (!s.shape.empty() && shape_elements != s.elements) {
+      return InvalidArgumentError(StrCat(who, ": parameter '", s.name, "' has shape [", shape,
+                                         "] (", shape_elements, " elements) but ", s.elements,
+                                         " elements"));
+    }
+    if (!names.insert(s.name).second) {
+      return InvalidArgumentError(StrCat(who, ": parameter '", s.name, "' is given twice"));
+    }
+  }
+  return Status::Ok();
 }
 
 std::vector<AdamHyper> GroupHypers(const std::vector<ParamGroup>& groups, const AdamHyper& base) {

@@ -24,6 +24,14 @@ void CastFromFloat(const float* in, void* out, DType dtype, uint64_t n);
 ParamCopy CopyFor(DType dtype);
 /// INVALID_ARGUMENT (prefixed by `where`) unless the group's hyperparameters are usable.
 Status CheckGroup(const ParamGroup& g, std::string_view where);
+/// The groups a trainer starts with: `given`, or one from the config's optimizer.params; each
+/// checked (errors prefixed by `who`).
+Result<std::vector<ParamGroup>> StartingGroups(const std::vector<ParamGroup>& given,
+                                               const OptimizerConfig& optimizer,
+                                               std::string_view who);
+/// INVALID_ARGUMENT (prefixed by `who`) naming the first spec without a name, memory or
+/// elements, in no group of `groups`, whose shape has other elements, or whose name repeats.
+Status CheckSpecs(const std::vector<ParameterSpec>& specs, size_t groups, std::string_view who);
 /// Each group's hyperparameters on top of `base` (the rule and the step).
 std::vector<AdamHyper> GroupHypers(const std::vector<ParamGroup>& groups, const AdamHyper& base);
 

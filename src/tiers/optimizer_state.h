@@ -135,6 +135,7 @@ class OptimizerState {
   size_t size() const { return tensors_.size(); }
   const OptimizerTensor& tensor(size_t i) const { return tensors_[i]; }
   uint64_t chunk_elements() const { return chunk_; }
+  StateHome home() const { return options_.home; }
   /// Whether tensor i's state is in host memory (else on NVMe).
   bool in_host(size_t i) const { return !params_[i].empty(); }
   /// Host bytes held: the state in host memory and the pipeline slots.

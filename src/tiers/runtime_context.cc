@@ -6,6 +6,9 @@
 #include "common/log.h"
 #include "common/strings.h"
 #if ZO_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "gpu/cuda_status.h"
 #include "gpu/gpu_info.h"
 #endif
 
@@ -155,6 +158,20 @@ bool Runtime::has_gpu() const {
   return pinned_ != nullptr;
 #else
   return false;
+#endif
+}
+
+Result<int> Runtime::DeviceOf(const void* ptr) const {
+#if ZO_HAVE_CUDA
+  if (!has_gpu()) return -1;
+  cudaPointerAttributes attributes{};
+  ZO_CUDA_RETURN_IF_ERROR(cudaPointerGetAttributes(&attributes, ptr));
+  const bool device =
+      attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  return device ? attributes.device : -1;
+#else
+  (void)ptr;
+  return -1;
 #endif
 }
 

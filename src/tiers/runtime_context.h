@@ -132,6 +132,8 @@ class Runtime {
 
   /// Whether a usable GPU was found when the context was made.
   bool has_gpu() const;
+  /// The CUDA device `ptr` points into, or -1 for host memory (always, without a GPU).
+  Result<int> DeviceOf(const void* ptr) const;
 #if ZO_HAVE_CUDA
   /// `bytes` of device memory for `what`, reserved from the GPU budget.
   Result<DeviceMemory> AllocateDevice(uint64_t bytes, std::string_view what);

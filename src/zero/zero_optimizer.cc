@@ -100,41 +100,17 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
   z->accumulation_ = static_cast<int>(config.gradient_accumulation_steps.value_or(1));
   z->scaler_ = LossScaler(config.fp16);
   ZO_ASSIGN_OR_RETURN(OptimizerStateOptions so, OptimizerStateOptions::FromConfig(z->config_));
-  z->groups_ = options.groups.empty()
-                   ? std::vector<ParamGroup>{ParamGroup::FromConfig(config.optimizer)}
-                   : options.groups;
-  for (size_t g = 0; g < z->groups_.size(); ++g) {
-    ZO_RETURN_IF_ERROR(CheckGroup(z->groups_[g], StrCat("ZeRO: parameter group ", g)));
-  }
-  if (specs.empty()) return InvalidArgumentError("ZeRO: no parameters given");
+  ZO_ASSIGN_OR_RETURN(z->groups_, StartingGroups(options.groups, config.optimizer, "ZeRO"));
+  ZO_RETURN_IF_ERROR(CheckSpecs(specs, z->groups_.size(), "ZeRO"));
   std::vector<uint64_t> sizes;
   for (size_t i = 0; i < specs.size(); ++i) {
     const ParameterSpec& s = specs[i];
-    if (s.name.empty()) return InvalidArgumentError(StrCat("ZeRO: parameter #", i, " has no name"));
-    if (s.elements == 0 || s.data == nullptr) {
-      return InvalidArgumentError(StrCat("ZeRO: parameter '", s.name,
-                                         "' needs memory and at least 1 element (got ", s.elements,
-                                         " elements at ", s.data, ")"));
-    }
-    if (s.group < 0 || s.group >= static_cast<int>(z->groups_.size())) {
-      return InvalidArgumentError(StrCat("ZeRO: parameter '", s.name, "' is in group ", s.group,
-                                         "; there are ", z->groups_.size(), " groups"));
-    }
-    uint64_t shape_elements = 1;
-    for (uint64_t d : s.shape) shape_elements *= d;
-    if (!s.shape.empty() && shape_elements != s.elements) {
-      return InvalidArgumentError(StrCat("ZeRO: parameter '", s.name, "' has a shape of ",
-                                         shape_elements, " elements but ", s.elements,
-                                         " elements"));
-    }
     if (s.dtype != specs[0].dtype) {
       return InvalidArgumentError(StrCat("ZeRO: parameter '", s.name, "' is ", ToString(s.dtype),
                                          " but '", specs[0].name, "' is ", ToString(specs[0].dtype),
                                          "; the parameters of one optimizer share a dtype"));
     }
-    if (!z->index_.emplace(s.name, i).second) {
-      return InvalidArgumentError(StrCat("ZeRO: parameter '", s.name, "' is given twice"));
-    }
+    z->index_.emplace(s.name, i);
     Param p;
     p.name = s.name;
     p.n = s.elements;
