@@ -33,6 +33,7 @@
 #include "build_info.h"
 #include "common/errno_status.h"
 #include "common/strings.h"
+#include "cpu_adam/adam_kernels.h"
 #include "zoffload/config.h"
 #include "zoffload/runtime.h"
 #if ZO_HAVE_CUDA

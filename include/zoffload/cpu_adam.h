@@ -113,21 +113,11 @@ GradNorm NormOf(std::span<const GradSquares> squares);
 Status AdamUpdate(const AdamShard& shard, const AdamHyper& hyper, float grad_scale,
                   int threads = 0);
 
-/// A pass moving the same bytes as AdamUpdate on the same shard, with trivial arithmetic: the
-/// memory-bandwidth ceiling the benchmark compares the update with. It writes the shard.
-void AdamBandwidthCeiling(const AdamShard& shard, int threads = 0,
-                          UpdateRule rule = UpdateRule::kAdam);
-
 /// The SIMD target the kernels dispatch to on this CPU ("AVX3_DL", "AVX2", ...).
 std::string CpuAdamTarget();
 
 /// Physical cores (hwloc), the default thread count.
 int DefaultAdamThreads();
-
-/// Process-wide: whether CPU Adam's worker k (of every parallel pass) runs bound to physical
-/// core k modulo the cores (hwloc), or where the OS puts it. The calling thread, worker 0, is
-/// never bound. Default off; config zoffload.cpu_adam_bind_cores.
-void SetCpuAdamCoreBinding(bool bind);
 
 struct AdamStepResult {
   bool skipped = false;  ///< overflow: nothing was written

@@ -20,7 +20,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,8 +30,8 @@
 namespace zoffload {
 
 namespace internal {
-class IoBackend;
 class Runtime;
+class RuntimeAccess;
 }  // namespace internal
 
 struct RuntimeOptions {
@@ -48,9 +47,6 @@ struct RuntimeOptions {
   bool pin_host = true;
   int device = 0;          ///< the GPU of device memory, pinned memory and the copy streams
   std::string trace_path;  ///< when non-empty, a Chrome trace is written here at the end
-  /// Test hook at the I/O seam (fault injection): wraps each I/O thread's backend.
-  std::function<std::unique_ptr<internal::IoBackend>(std::unique_ptr<internal::IoBackend>)>
-      wrap_backend;
 
   /// From a config: zoffload.nvme_paths (else offload_optimizer.nvme_path, else
   /// offload_param.nvme_path), aio, zoffload.budgets (host: host_bytes, else
@@ -74,10 +70,8 @@ class RuntimeContext {
   };
   Stats stats() const;
 
-  /// The internal side (src/tiers/runtime_context.h): swap space, pools, copy engine.
-  internal::Runtime& impl() const { return *impl_; }
-
  private:
+  friend class internal::RuntimeAccess;  // the parts' way in (src/tiers/runtime_context.h)
   explicit RuntimeContext(std::unique_ptr<internal::Runtime> impl);
   std::unique_ptr<internal::Runtime> impl_;
 };

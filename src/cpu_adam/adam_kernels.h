@@ -36,6 +36,16 @@ struct AdamKernelArgs {
 Status AdamUpdateTraced(const AdamShard& shard, const AdamHyper& hyper, float grad_scale,
                         int threads, Tracer* tracer, const std::string& label);
 
+/// A pass moving the same bytes as AdamUpdate on the same shard, with trivial arithmetic: the
+/// memory-bandwidth ceiling the benchmark compares the update with. It writes the shard.
+void AdamBandwidthCeiling(const AdamShard& shard, int threads = 0,
+                          UpdateRule rule = UpdateRule::kAdam);
+
+/// Process-wide: whether CPU Adam's worker k (of every parallel pass) runs bound to physical
+/// core k modulo the cores (hwloc), or where the OS puts it. The calling thread, worker 0, is
+/// never bound. Default off; config zoffload.cpu_adam_bind_cores (the trainers set it).
+void SetCpuAdamCoreBinding(bool bind);
+
 /// Updates elements [begin, end). For int8 state, begin is a multiple of kInt8StateBlock.
 void AdamRange(const AdamKernelArgs& args, size_t begin, size_t end);
 /// Moves the same bytes as AdamRange over [begin, end) with trivial arithmetic.

@@ -262,7 +262,9 @@ int DefaultAdamThreads() {
   return topology != nullptr ? std::max(1, topology->PhysicalCores()) : omp_get_num_procs();
 }
 
-void SetCpuAdamCoreBinding(bool bind) { bind_cores.store(bind, std::memory_order_relaxed); }
+void internal::SetCpuAdamCoreBinding(bool bind) {
+  bind_cores.store(bind, std::memory_order_relaxed);
+}
 
 std::string CpuAdamTarget() { return BestSimdTarget(); }
 
@@ -320,7 +322,7 @@ Status AdamUpdate(const AdamShard& shard, const AdamHyper& hyper, float grad_sca
   return internal::AdamUpdateTraced(shard, hyper, grad_scale, threads, nullptr, {});
 }
 
-void AdamBandwidthCeiling(const AdamShard& shard, int threads, UpdateRule rule) {
+void internal::AdamBandwidthCeiling(const AdamShard& shard, int threads, UpdateRule rule) {
   AdamHyper hyper;
   hyper.rule = rule;
   const internal::AdamKernelArgs args = MakeArgs(shard, hyper, 1.0f);

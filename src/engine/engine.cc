@@ -9,6 +9,7 @@
 #include "common/aligned_buffer.h"
 #include "common/strings.h"
 #include "common/trace.h"
+#include "cpu_adam/adam_kernels.h"
 #include "cpu_adam/adam_math.h"
 #include "engine/checkpoint.h"
 #include "engine/engine_core.h"
@@ -129,8 +130,8 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
                         RuntimeContext::Create(RuntimeOptions::FromConfig(e.config)));
     context = e.own_context.get();
   }
-  e.rt = &context->impl();
-  SetCpuAdamCoreBinding(e.config.zoffload.cpu_adam_bind_cores);
+  e.rt = &internal::RuntimeAccess::Of(*context);
+  internal::SetCpuAdamCoreBinding(e.config.zoffload.cpu_adam_bind_cores);
   const bool gpu = !e.options.host_params && e.rt->has_gpu();
   if (e.options.require_gpu && !gpu) {
     return FailedPreconditionError(

@@ -142,7 +142,7 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
   state->tensors_ = std::move(tensors);
   state->options_ = std::move(options);
   state->chunk_ = chunk;
-  state->rt_ = &context.impl();
+  state->rt_ = &RuntimeAccess::Of(context);
   state->tracer_ = state->rt_->tracer();
   const StatePrecision precision = state->options_.precision;
   // Whole tensors, in order, fill the host share; the others go to NVMe.

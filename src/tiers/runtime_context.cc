@@ -86,8 +86,9 @@ void DeviceMemory::Reset() {
 
 // ---- Runtime ----------------------------------------------------------------------------
 
-Runtime::Runtime(RuntimeOptions options)
+Runtime::Runtime(RuntimeOptions options, WrapBackend wrap_backend)
     : options_(std::move(options)),
+      wrap_backend_(std::move(wrap_backend)),
       host_("host budget (zoffload.budgets.host_bytes)", options_.host_budget_bytes),
       gpu_("GPU budget (zoffload.budgets.gpu_bytes)", options_.gpu_budget_bytes) {
   if (!options_.trace_path.empty()) tracer_ = std::make_unique<Tracer>(options_.trace_path);
@@ -119,7 +120,7 @@ Result<SwapSpace*> Runtime::Swap() {
   so.checksums = options_.checksums;
   so.durable = options_.durable;
   so.tracer = tracer_.get();
-  so.wrap_backend = options_.wrap_backend;
+  so.wrap_backend = wrap_backend_;
   ZO_ASSIGN_OR_RETURN(swap_, SwapSpace::Open(std::move(so)));
   return swap_.get();
 }
@@ -229,7 +230,12 @@ RuntimeContext::RuntimeContext(std::unique_ptr<internal::Runtime> impl) : impl_(
 RuntimeContext::~RuntimeContext() = default;
 
 Result<std::unique_ptr<RuntimeContext>> RuntimeContext::Create(RuntimeOptions options) {
-  auto impl = std::make_unique<internal::Runtime>(std::move(options));
+  return internal::RuntimeAccess::Create(std::move(options), nullptr);
+}
+
+Result<std::unique_ptr<RuntimeContext>> internal::RuntimeAccess::Create(RuntimeOptions options,
+                                                                        WrapBackend wrap_backend) {
+  auto impl = std::make_unique<internal::Runtime>(std::move(options), std::move(wrap_backend));
 #if ZO_HAVE_CUDA
   if (internal::UsableGpuCount().ok()) {
     // One pool, and no second cap: the host budget is enforced by AllocateHost, for every

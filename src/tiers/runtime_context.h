@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -109,9 +110,12 @@ class DeviceMemory {
 };
 #endif
 
+/// A test hook at the I/O seam (fault injection): wraps each I/O thread's backend.
+using WrapBackend = std::function<std::unique_ptr<IoBackend>(std::unique_ptr<IoBackend>)>;
+
 class Runtime {
  public:
-  explicit Runtime(RuntimeOptions options);
+  explicit Runtime(RuntimeOptions options, WrapBackend wrap_backend = nullptr);
   ~Runtime();
 
   const RuntimeOptions& options() const { return options_; }
@@ -142,8 +146,9 @@ class Runtime {
 #endif
 
  private:
-  friend class ::zoffload::RuntimeContext;  // makes the pinned pool
+  friend class RuntimeAccess;  // makes the pinned pool
   RuntimeOptions options_;
+  WrapBackend wrap_backend_;
   ByteBudget host_, gpu_;
   std::unique_ptr<Tracer> tracer_;
   std::mutex mu_;  // makes swap_ and copies_ once
@@ -152,6 +157,15 @@ class Runtime {
   std::unique_ptr<PinnedPool> pinned_;
   std::unique_ptr<CopyEngine> copies_;
 #endif
+};
+
+/// The parts' way into a RuntimeContext (its public header shows only what a user needs).
+class RuntimeAccess {
+ public:
+  static Runtime& Of(const RuntimeContext& context) { return *context.impl_; }
+  /// RuntimeContext::Create, with `wrap_backend` around each I/O thread's backend.
+  static Result<std::unique_ptr<RuntimeContext>> Create(RuntimeOptions options,
+                                                        WrapBackend wrap_backend);
 };
 
 }  // namespace zoffload::internal

@@ -492,7 +492,7 @@ TensorStore::~TensorStore() {
 Result<std::unique_ptr<TensorStore>> TensorStore::Open(RuntimeContext& context,
                                                        StoreOptions options) {
   return std::unique_ptr<TensorStore>(
-      new TensorStore(std::make_unique<Impl>(context.impl(), options)));
+      new TensorStore(std::make_unique<Impl>(internal::RuntimeAccess::Of(context), options)));
 }
 
 Status TensorStore::Register(const std::string& key, DType dtype, uint64_t elements, Tier home) {

@@ -12,6 +12,7 @@
 
 #include "common/strings.h"
 #include "common/trace.h"
+#include "cpu_adam/adam_kernels.h"
 #include "cpu_adam/adam_math.h"
 #include "engine/checkpoint.h"
 #include "engine/param_math.h"
@@ -166,7 +167,7 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
     ZO_ASSIGN_OR_RETURN(z->own_context_, RuntimeContext::Create(std::move(ro)));
     context = z->own_context_.get();
   }
-  z->rt_ = &context->impl();
+  z->rt_ = &RuntimeAccess::Of(*context);
   SetCpuAdamCoreBinding(config.zoffload.cpu_adam_bind_cores);
 
   const uint64_t part = z->plan_.partition_elements();

@@ -14,6 +14,7 @@
 
 #include "common/cpu_features.h"
 #include "common/strings.h"
+#include "cpu_adam/adam_kernels.h"
 
 namespace zoffload::internal {
 namespace {

@@ -20,6 +20,7 @@
 #include "engine/engine_test_util.h"
 #include "swap/fault_backend.h"
 #include "test_util.h"
+#include "tiers/runtime_context.h"
 #include "zoffload/cpu_adam.h"
 #if ZO_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -419,8 +420,7 @@ TEST(EngineTest, NvmeReadErrorFailsTheStepAndLeavesTheStateAsBefore) {
   RuntimeOptions ro = RuntimeOptions::FromConfig(MakeConfig(c, dir.path()));
   auto plan = std::make_shared<FaultPlan>(
       std::vector<FaultRule>{{IoOp::kRead, FaultRule::Action::kFail, 3, 1, EIO}});
-  ro.wrap_backend = InjectFaults(plan);
-  auto context = RuntimeContext::Create(ro);
+  auto context = RuntimeAccess::Create(ro, InjectFaults(plan));
   ASSERT_TRUE(context.ok());
   EngineOptions eo;
   eo.host_params = true;

@@ -77,6 +77,7 @@ std::vector<OptimizerTensor> Tensors() {
 struct TestOptions {
   OptimizerStateOptions state;
   RuntimeOptions runtime;
+  WrapBackend wrap_backend;  // faults at the I/O seam
 };
 
 TestOptions Options(StateHome home, StatePrecision precision, const std::string& dir) {
@@ -103,7 +104,7 @@ struct StateUnderTest {
 
 Result<StateUnderTest> Make(std::vector<OptimizerTensor> tensors, const TestOptions& o) {
   StateUnderTest s;
-  ZO_ASSIGN_OR_RETURN(s.context, RuntimeContext::Create(o.runtime));
+  ZO_ASSIGN_OR_RETURN(s.context, RuntimeAccess::Create(o.runtime, o.wrap_backend));
   ZO_ASSIGN_OR_RETURN(s.state, OptimizerState::Create(std::move(tensors), *s.context, o.state));
   return s;
 }
@@ -199,7 +200,7 @@ TEST_P(OptimizerStateTest, StepsAreBitIdenticalToInMemoryAdam) {
     EXPECT_LE((*state)->host_bytes(),
               host_state + static_cast<uint64_t>(variant.pipeline.buffers) * 3 * (128 << 10));
   }
-  Tracer& tracer = *state->context->impl().tracer();
+  Tracer& tracer = *internal::RuntimeAccess::Of(*state->context).tracer();
   EXPECT_GT(tracer.events(), 0u);
   ASSERT_TRUE(tracer.Write().ok());
   std::ifstream trace(dir.File("trace.json"));
@@ -265,7 +266,7 @@ TEST(OptimizerStateTest, HostShareIsUpdatedBetweenTheNvmeChunks) {
   EXPECT_EQ(sink.ends, expected);
 
   state->reset();
-  o.runtime.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
+  o.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
       std::vector<FaultRule>{{IoOp::kRead, FaultRule::Action::kFail, 0, -1, EIO}}));
   state = Make(Tensors(), o);
   ASSERT_TRUE(state.ok()) << state.status();
@@ -290,7 +291,7 @@ TEST(OptimizerStateFaults, OverflowSkipsWithoutWriting) {
     ASSERT_TRUE((*state)->Write(i, ref.params[i].data()).ok());
   }
   state->reset();
-  o.runtime.wrap_backend = InjectFaults(plan);  // from now on every write would fail
+  o.wrap_backend = InjectFaults(plan);  // from now on every write would fail
   state = Make(Tensors(), o);
   ASSERT_TRUE(state.ok()) << state.status();
   auto grads = RandomGrads(7);
@@ -339,7 +340,7 @@ TEST(OptimizerStateFaults, ReadErrorAndChecksumMismatchLeaveTheStateAsBefore) {
     {
       TestOptions o = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
       if (fault == 0) {
-        o.runtime.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
+        o.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
             std::vector<FaultRule>{{IoOp::kRead, FaultRule::Action::kFail, 9, 1, EIO}}));
       }
       auto state = Make(Tensors(), o);
@@ -439,7 +440,7 @@ TEST(OptimizerStateFaults, KilledMidStepLosesOnlyThatStep) {
   if (child == 0) {
     TestOptions o = Options(StateHome::kNvme, StatePrecision::kFp32, dir.path());
     o.state.threads = 1;  // libgomp's thread pool does not survive fork(); one thread needs none
-    o.runtime.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
+    o.wrap_backend = InjectFaults(std::make_shared<FaultPlan>(
         std::vector<FaultRule>{{IoOp::kWrite, FaultRule::Action::kDelay, 0, -1, 0, 0, 200}}));
     auto state = Make(Tensors(), o);
     if (!state.ok()) ::_exit(3);

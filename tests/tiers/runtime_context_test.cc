@@ -69,7 +69,7 @@ TEST(RuntimeContext, PartsShareOneSwapSpaceAndOneBudget) {
   so.threads = 1;
   auto state = OptimizerState::Create({{"p", 100000}}, **context, so);
   ASSERT_TRUE(state.ok()) << state.status();
-  auto swap = (*context)->impl().Swap();
+  auto swap = internal::RuntimeAccess::Of(**context).Swap();
   ASSERT_TRUE(swap.ok());
   EXPECT_EQ(*swap, (*state)->swap());
   EXPECT_TRUE((*swap)->Contains("w"));    // both parts' tensors in the one manifest
@@ -94,7 +94,7 @@ TEST(RuntimeContext, PartsShareOneSwapSpaceAndOneBudget) {
 TEST(RuntimeContext, NoNvmeDirectoryIsAClearError) {
   auto context = RuntimeContext::Create({});
   ASSERT_TRUE(context.ok());
-  auto swap = (*context)->impl().Swap();
+  auto swap = internal::RuntimeAccess::Of(**context).Swap();
   EXPECT_EQ(swap.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(swap.status().message().find("zoffload.nvme_paths"), std::string::npos);
 }

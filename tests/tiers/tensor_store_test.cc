@@ -15,6 +15,7 @@
 #include "common/strings.h"
 #include "swap/fault_backend.h"
 #include "test_util.h"
+#include "tiers/runtime_context.h"
 #if ZO_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -69,9 +70,10 @@ struct StoreUnderTest {
   }
 };
 
-Result<StoreUnderTest> OpenStore(const RuntimeOptions& options, StoreOptions store = {}) {
+Result<StoreUnderTest> OpenStore(const RuntimeOptions& options, StoreOptions store = {},
+                                 WrapBackend wrap_backend = nullptr) {
   StoreUnderTest s;
-  ZO_ASSIGN_OR_RETURN(s.context, RuntimeContext::Create(options));
+  ZO_ASSIGN_OR_RETURN(s.context, RuntimeAccess::Create(options, std::move(wrap_backend)));
   ZO_ASSIGN_OR_RETURN(s.store, TensorStore::Open(*s.context, store));
   return s;
 }
@@ -236,11 +238,11 @@ TEST(TensorStoreNvme, EvictsByNextUseAndWritesBackDirtyTensors) {
 // slow write, another leases a resident tensor, reads the counters and registers a tensor.
 TEST(TensorStoreNvme, NoWaitForAWriteBackHoldsTheStore) {
   TempDir dir;
-  RuntimeOptions o = NvmeOptions(dir.path(), (2 << 20) + 4096);  // a, b and h; not c too
-  o.wrap_backend =
+  const RuntimeOptions o = NvmeOptions(dir.path(), (2 << 20) + 4096);  // a, b and h; not c too
+  auto store = OpenStore(
+      o, {},
       testing::InjectFaults(std::make_shared<testing::FaultPlan>(std::vector<testing::FaultRule>{
-          {IoOp::kWrite, testing::FaultRule::Action::kDelay, 0, -1, 0, 0, 100}}));
-  auto store = OpenStore(o);
+          {IoOp::kWrite, testing::FaultRule::Action::kDelay, 0, -1, 0, 0, 100}})));
   ASSERT_TRUE(store.ok());
   for (const char* k : {"a", "b", "c"}) {
     ASSERT_TRUE((*store)->Register(k, DType::kFp32, 1 << 18, Tier::kNvme).ok());

@@ -7,6 +7,7 @@
 #include "bench/bench_util.h"
 #include "common/aligned_buffer.h"
 #include "common/strings.h"
+#include "cpu_adam/adam_kernels.h"
 
 namespace zoffload::internal::bench {
 namespace {

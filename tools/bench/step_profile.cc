@@ -205,7 +205,8 @@ Result<StepRecord> RunStepBench(const StepBenchOptions& o) {
     rec.bound_seconds = std::max(rec.io_bound_seconds, rec.adam_bound_seconds);
     rec.bound_ratio = rec.step_seconds / rec.bound_seconds;
   }
-  if (Tracer* tracer = context->impl().tracer()) ZO_RETURN_IF_ERROR(tracer->Write());
+  if (Tracer* tracer = internal::RuntimeAccess::Of(*context).tracer())
+    ZO_RETURN_IF_ERROR(tracer->Write());
   return rec;
 }
 
