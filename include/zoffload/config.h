@@ -15,8 +15,10 @@
 #include <string_view>
 #include <vector>
 
+#include "zoffload/export.h"
 #include "zoffload/status.h"
 
+ZO_API_BEGIN
 namespace zoffload {
 
 /// Where a class of tensors is offloaded to.
@@ -235,3 +237,4 @@ std::vector<std::string> AcceptedConfigKeys();
 std::vector<std::string> UnusedConfigKeys();
 
 }  // namespace zoffload
+ZO_API_END

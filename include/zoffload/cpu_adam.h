@@ -23,8 +23,10 @@
 
 #include "zoffload/config.h"
 #include "zoffload/dtype.h"
+#include "zoffload/export.h"
 #include "zoffload/status.h"
 
+ZO_API_BEGIN
 namespace zoffload {
 
 /// The optional low-precision copy of the updated parameters.
@@ -132,3 +134,4 @@ Result<AdamStepResult> AdamStep(std::span<const AdamShard> shards, const AdamHyp
                                 int threads = 0);
 
 }  // namespace zoffload
+ZO_API_END

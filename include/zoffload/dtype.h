@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <string_view>
 
+#include "zoffload/export.h"
+
+ZO_API_BEGIN
 namespace zoffload {
 
 enum class DType : uint8_t { kFp32, kBf16, kFp16 };
@@ -27,3 +30,4 @@ constexpr std::string_view ToString(DType dtype) {
 constexpr size_t DTypeBytes(DType dtype) { return dtype == DType::kFp32 ? 4 : 2; }
 
 }  // namespace zoffload
+ZO_API_END

@@ -50,9 +50,11 @@
 
 #include "zoffload/config.h"
 #include "zoffload/dtype.h"
+#include "zoffload/export.h"
 #include "zoffload/runtime.h"
 #include "zoffload/status.h"
 
+ZO_API_BEGIN
 namespace zoffload {
 
 /// A parameter group's hyperparameters (torch's param_groups); defaults are the config's
@@ -216,3 +218,4 @@ Status ExportSafetensors(const std::string& checkpoint_dir, const std::string& o
                          bool overwrite = false);
 
 }  // namespace zoffload
+ZO_API_END

@@ -28,8 +28,10 @@
 #include <utility>
 #include <vector>
 
+#include "zoffload/export.h"
 #include "zoffload/status.h"
 
+ZO_API_BEGIN
 namespace zoffload {
 
 template <typename T = void>
@@ -323,3 +325,4 @@ Future<T> DeferredFuture(Future<> after, Finish finish) {
 
 }  // namespace internal
 }  // namespace zoffload
+ZO_API_END

@@ -25,14 +25,16 @@
 #include <vector>
 
 #include "zoffload/config.h"
+#include "zoffload/export.h"
 #include "zoffload/status.h"
 
-namespace zoffload {
-
-namespace internal {
+namespace zoffload::internal {
 class Runtime;
 class RuntimeAccess;
-}  // namespace internal
+}  // namespace zoffload::internal
+
+ZO_API_BEGIN
+namespace zoffload {
 
 struct RuntimeOptions {
   /// Swap directories (needed once anything lives on NVMe).
@@ -77,3 +79,4 @@ class RuntimeContext {
 };
 
 }  // namespace zoffload
+ZO_API_END

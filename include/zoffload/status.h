@@ -16,6 +16,9 @@
 #include <type_traits>
 #include <utility>
 
+#include "zoffload/export.h"
+
+ZO_API_BEGIN
 namespace zoffload {
 
 /// What kind of failure a Status reports.
@@ -144,6 +147,7 @@ class [[nodiscard]] Result {
 };
 
 }  // namespace zoffload
+ZO_API_END
 
 #define ZO_INTERNAL_CONCAT2(a, b) a##b
 #define ZO_INTERNAL_CONCAT(a, b) ZO_INTERNAL_CONCAT2(a, b)

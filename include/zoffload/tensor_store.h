@@ -41,10 +41,12 @@
 
 #include "zoffload/config.h"
 #include "zoffload/dtype.h"
+#include "zoffload/export.h"
 #include "zoffload/future.h"
 #include "zoffload/runtime.h"
 #include "zoffload/status.h"
 
+ZO_API_BEGIN
 namespace zoffload {
 
 enum class Tier : uint8_t { kGpu, kHost, kNvme };
@@ -154,3 +156,4 @@ class TensorStore {
 };
 
 }  // namespace zoffload
+ZO_API_END

@@ -30,9 +30,11 @@
 #include "zoffload/config.h"
 #include "zoffload/dtype.h"
 #include "zoffload/engine.h"
+#include "zoffload/export.h"
 #include "zoffload/runtime.h"
 #include "zoffload/status.h"
 
+ZO_API_BEGIN
 namespace zoffload {
 
 /// Which rank this process is, of how many, in which run.
@@ -124,3 +126,4 @@ class ZeroOptimizer {
 };
 
 }  // namespace zoffload
+ZO_API_END
