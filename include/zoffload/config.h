@@ -71,6 +71,22 @@ struct OptimizerConfig {
   bool operator==(const OptimizerConfig&) const = default;
 };
 
+/// The hyperparameters of one parameter group (torch's param_groups): the config's
+/// optimizer.params, or a group a training loop sets. The one rule for them is
+/// HyperparameterProblems, wherever they come from.
+struct ParamGroup {
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  ///< per the optimizer: decoupled (AdamW) or L2 (Adam)
+  static ParamGroup FromConfig(const OptimizerConfig& optimizer);
+  bool operator==(const ParamGroup&) const = default;
+};
+
+/// What is wrong with `group`, one "KEY: what" line each ("lr: must be >= 0, got -1"; the keys
+/// are optimizer.params's): lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0.
+std::vector<std::string> HyperparameterProblems(const ParamGroup& group);
+
 /// bf16
 struct Bf16Config {
   bool enabled = false;
@@ -225,6 +241,8 @@ std::vector<std::string> AioProblems(const AioConfig& aio);
 inline constexpr int64_t kMaxAioBlockSize = int64_t{1} << 30;
 /// Fewest offload_optimizer.buffer_count with device nvme (one slot read while one is written).
 inline constexpr int kMinNvmeBuffers = 2;
+/// zoffload.update_chunk_elements is a multiple of this: chunks hold whole int8 state blocks.
+inline constexpr uint64_t kUpdateChunkMultiple = 256;
 
 /// The JSON form of `config` (every key, pretty-printed).
 std::string SerializeConfig(const Config& config);

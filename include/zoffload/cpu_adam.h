@@ -36,6 +36,7 @@ std::string_view ToString(ParamCopy copy);
 
 /// Elements per quantization block of the int8 state (one fp32 scale per block per moment).
 inline constexpr size_t kInt8StateBlock = 256;
+static_assert(kUpdateChunkMultiple % kInt8StateBlock == 0, "update chunks hold whole blocks");
 
 /// Bytes of m and v storage (each) for `n` elements at `precision`, scales included.
 size_t AdamMomentBytes(StatePrecision precision, size_t n);

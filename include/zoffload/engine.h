@@ -57,17 +57,6 @@
 ZO_API_BEGIN
 namespace zoffload {
 
-/// A parameter group's hyperparameters (torch's param_groups); defaults are the config's
-/// optimizer.params.
-struct ParamGroup {
-  double lr = 1e-3;
-  double beta1 = 0.9, beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;  ///< per the optimizer: decoupled (AdamW) or L2 (Adam)
-  static ParamGroup FromConfig(const OptimizerConfig& optimizer);
-  bool operator==(const ParamGroup&) const = default;
-};
-
 struct ParameterSpec {
   std::string name;      ///< unique, stable (checkpoints and state are keyed by it)
   void* data = nullptr;  ///< the model's parameter: device memory, or host memory in host mode

@@ -21,7 +21,6 @@
 #include "common/json_file.h"
 #include "common/log.h"
 #include "common/strings.h"
-#include "zoffload/cpu_adam.h"
 
 namespace zoffload {
 
@@ -578,13 +577,9 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
   check.NonNegative(c.gradient_clipping, "gradient_clipping");
 
   const OptimizerParams& p = c.optimizer.params;
-  check.NonNegative(p.lr, "optimizer.params.lr");
-  for (int i = 0; i < 2; ++i) {
-    check.Require(p.betas[i] >= 0 && p.betas[i] < 1, "optimizer.params.betas",
-                  StrCat("beta", i + 1, " must be in [0, 1), got ", p.betas[i]));
+  for (const std::string& problem : HyperparameterProblems(ParamGroup::FromConfig(c.optimizer))) {
+    check.Add(StrCat("optimizer.params.", problem));
   }
-  check.Positive(p.eps, "optimizer.params.eps");
-  check.NonNegative(p.weight_decay, "optimizer.params.weight_decay");
   check.Require(!(c.optimizer.type == OptimizerType::kAdamW && !p.adam_w_mode),
                 "optimizer.params.adam_w_mode",
                 "false contradicts type AdamW (decoupled weight decay); use type Adam");
@@ -685,10 +680,10 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
   check.Require(zs.cpu_adam_threads >= 0 && zs.cpu_adam_threads <= 4096,
                 "zoffload.cpu_adam_threads",
                 StrCat("must be in [0, 4096] (0 = physical cores), got ", zs.cpu_adam_threads));
-  check.Require(zs.update_chunk_elements % kInt8StateBlock == 0 &&
+  check.Require(zs.update_chunk_elements % kUpdateChunkMultiple == 0 &&
                     zs.update_chunk_elements <= (uint64_t{1} << 30),
                 "zoffload.update_chunk_elements",
-                StrCat("must be a multiple of ", kInt8StateBlock,
+                StrCat("must be a multiple of ", kUpdateChunkMultiple,
                        " in [0, 2^30] (0 = by where the state lives and its precision), got ",
                        zs.update_chunk_elements));
   for (const auto& [dir, key] : {std::pair{&c.zero_optimization.offload_optimizer.nvme_path,
@@ -731,6 +726,23 @@ std::string_view ToString(OffloadDevice device) { return EnumName(device); }
 std::string_view ToString(OptimizerType type) { return EnumName(type); }
 std::string_view ToString(StatePrecision precision) { return EnumName(precision); }
 std::string_view ToString(Overlap overlap) { return EnumName(overlap); }
+
+ParamGroup ParamGroup::FromConfig(const OptimizerConfig& optimizer) {
+  const OptimizerParams& p = optimizer.params;
+  return {p.lr, p.betas[0], p.betas[1], p.eps, p.weight_decay};
+}
+
+std::vector<std::string> HyperparameterProblems(const ParamGroup& g) {
+  std::vector<std::string> problems;
+  RuleChecker check(&problems);
+  check.NonNegative(g.lr, "lr");
+  for (const auto& [beta, name] : {std::pair{g.beta1, "beta1"}, std::pair{g.beta2, "beta2"}}) {
+    check.Require(beta >= 0 && beta < 1, "betas", StrCat(name, " must be in [0, 1), got ", beta));
+  }
+  check.Positive(g.eps, "eps");
+  check.NonNegative(g.weight_decay, "weight_decay");
+  return problems;
+}
 
 std::vector<std::string> AioProblems(const AioConfig& aio) {
   std::vector<std::string> problems;

@@ -18,6 +18,7 @@
 #include "common/pid_lock.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
+#include "engine/param_math.h"
 #include "swap/crc32c.h"
 
 namespace zoffload::internal {
@@ -309,10 +310,10 @@ Result<CheckpointMeta> ParseCheckpointManifest(std::string_view text, const std:
     }
     group.beta1 = g["betas"][0].get<double>();
     group.beta2 = g["betas"][1].get<double>();
-    if (!(group.lr >= 0) || !(group.eps > 0) || !(group.weight_decay >= 0) ||
-        !(group.beta1 >= 0 && group.beta1 < 1) || !(group.beta2 >= 0 && group.beta2 < 1)) {
-      return bad(StrCat("group ", meta.groups.size(), " has hyperparameters no optimizer takes: ",
-                        g.dump(), " (lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0)"));
+    if (const Status checked = CheckGroup(
+            group, StrCat("group ", meta.groups.size(), " has hyperparameters no optimizer takes"));
+        !checked.ok()) {
+      return bad(StrCat(checked.message(), " (", g.dump(), ")"));
     }
     meta.groups.push_back(group);
   }

@@ -39,11 +39,6 @@ double Since(EngineClock::time_point start) {
 
 }  // namespace
 
-ParamGroup ParamGroup::FromConfig(const OptimizerConfig& optimizer) {
-  const OptimizerParams& p = optimizer.params;
-  return {p.lr, p.betas[0], p.betas[1], p.eps, p.weight_decay};
-}
-
 struct OffloadEngine::Impl : EngineCore {};
 
 OffloadEngine::OffloadEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

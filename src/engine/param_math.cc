@@ -100,14 +100,12 @@ ParamCopy CopyFor(DType dtype) {
 }
 
 Status CheckGroup(const ParamGroup& g, std::string_view where) {
-  if (g.lr >= 0 && g.beta1 >= 0 && g.beta1 < 1 && g.beta2 >= 0 && g.beta2 < 1 && g.eps > 0 &&
-      g.weight_decay >= 0) {
-    return Status::Ok();
-  }
-  return InvalidArgumentError(
-      StrCat(where, ": lr ", g.lr, ", betas (", g.beta1, ", ", g.beta2, "), eps ", g.eps,
-             ", weight_decay ", g.weight_decay,
-             ": need lr >= 0, betas in [0, 1), eps > 0, weight_decay >= 0"));
+  const std::vector<std::string> problems = HyperparameterProblems(g);
+  if (problems.empty()) return Status::Ok();
+  std::string message(where);
+  for (const std::string& problem : problems)
+    message += StrCat(problems.size() > 1 ? "\n  " : ": ", problem);
+  return InvalidArgumentError(std::move(message));
 }
 
 Result<std::vector<ParamGroup>> StartingGroups(const std::vector<ParamGroup>& given,
