@@ -120,7 +120,10 @@ class OffloadEngine {
   /// Hands over parameter `name`'s gradient (`elements` of `dtype`, the parameter's): device
   /// memory, ordered after the work enqueued on `stream` (a cudaStream_t; null: the legacy
   /// default stream), or host memory in host mode. The memory may be reused once this
-  /// returns. Each parameter takes one gradient per micro-batch.
+  /// returns. Each parameter takes one gradient per micro-batch; with
+  /// gradient_accumulation_steps 1 (or unset) and overlap "none", further gradients before Step
+  /// are added into the first in the dtype, as torch adds into .grad (on a GPU too: they go
+  /// down like the first and the engine's worker adds them in while backward runs).
   Status GradientReady(std::string_view name, const void* grad, uint64_t elements, DType dtype,
                        void* stream = nullptr);
   /// Host mode: the engine's own (pinned, with a GPU present) memory for parameter `name`'s

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <string_view>
+#include <vector>
 
 #include "common/strings.h"
 #include "engine/device_path.h"
@@ -32,16 +34,13 @@ class DeviceGradientPath final : public GradientPath {
         static_cast<uint64_t>(core_.config.zero_optimization.reduce_bucket_size) * widest,
         core_.total * widest);
     gpu_squares_ = core_.accumulation == 1;
-    if (core_.accumulation > 1) {
-      summed_ = std::make_unique<std::atomic<uint64_t>[]>(count);
-      for (size_t i = 0; i < count; ++i) summed_[i].store(0);
-    }
-    DevicePath::Landed landed;
-    if (core_.accumulation > 1 || core_.schedule->UpdatesOnLanding()) {
-      landed = [this](DevicePath::Piece piece) {
-        core_.worker.Push({piece.host, piece.bytes, piece.tag});
-      };
-    }
+    summed_ = std::make_unique<std::atomic<uint64_t>[]>(count);
+    for (size_t i = 0; i < count; ++i) summed_[i].store(0);
+    extras_.assign(count, 0);
+    pieces_to_worker_ = core_.accumulation > 1 || core_.schedule->UpdatesOnLanding();
+    DevicePath::Landed landed = [this](DevicePath::Piece piece) {
+      core_.worker.Push({piece.host, piece.bytes, piece.tag});
+    };
     up_in_place_ = core_.state->home() == StateHome::kHost;
     ZO_ASSIGN_OR_RETURN(device_, DevicePath::Create(*core_.rt, bucket,
                                                     up_in_place_ ? 0 : core_.options.staging_slots,
@@ -53,13 +52,11 @@ class DeviceGradientPath final : public GradientPath {
   bool on_gpu() const override { return true; }
   Status Allocate(EngineParam& p) override {
     if (core_.accumulation == 1) return Status::Ok();
-    ZO_ASSIGN_OR_RETURN(p.landing, core_.rt->AllocateHost(
-                                       p.bytes(), StrCat("the gradient of '", p.name, "'"), true));
-    return Status::Ok();
+    return AllocateLanding(p, "the gradient");
   }
-  void BeginWindow() override {
-    if (summed_ == nullptr) return;  // the worker is done with the last window (Step waited)
+  void BeginWindow() override {  // the worker is done with the last window (Step waited)
     for (size_t i = 0; i < core_.params.size(); ++i) summed_[i].store(0);
+    std::fill(extras_.begin(), extras_.end(), 0);
   }
 
   Status Hand(size_t i, const void* grad, bool add, bool last, void* stream) override {
@@ -68,35 +65,47 @@ class DeviceGradientPath final : public GradientPath {
     const uint32_t tag = WorkItem::Tag(i, add, last);
     if (core_.accumulation == 1) {
       const DevicePath::SquaresTo squares{p.dtype, i};
-      return device_->Add(grad, p.bytes(), p.grads.data(), tag, stream, upload, &squares);
+      return device_->Add(grad, p.bytes(), p.grads.data(), tag, stream, upload, &squares,
+                          pieces_to_worker_);
     }
-    // A new micro-batch lands where the last one did: the worker must have added it in.
-    const uint64_t want = static_cast<uint64_t>(p.received) * p.bytes();
-    for (uint64_t seen = summed_[i].load(); seen < want; seen = summed_[i].load()) {
-      summed_[i].wait(seen);
-    }
+    AwaitSummed(i, static_cast<uint64_t>(p.received) * p.bytes());
     return device_->Add(grad, p.bytes(), p.landing.data(), tag, stream, upload);
+  }
+  // It lands in `landing` (made for the first), and the worker adds it into the gradient.
+  Status HandExtra(size_t i, const void* grad, void* stream) override {
+    EngineParam& p = core_.params[i];
+    if (p.landing.empty()) {
+      ZO_RETURN_IF_ERROR(AllocateLanding(p, "a further micro-batch's gradient"));
+    }
+    AwaitSummed(i, static_cast<uint64_t>(extras_[i]) * p.bytes());
+    ++extras_[i];
+    return device_->Add(grad, p.bytes(), p.landing.data(), WorkItem::Tag(i, true, false), stream);
   }
   bool Arrived(const WorkItem& item) override {
     // A failed D2H is not used (Step reports it: WaitLanded), but counted all the same.
     const bool ok = device_->AwaitPiece().ok();
-    if (core_.accumulation > 1) {  // the piece landed in p.landing
-      const size_t i = item.param();
-      EngineParam& p = core_.params[i];
-      if (ok) {
-        const size_t element = DTypeBytes(p.dtype);
-        const uint64_t first = static_cast<uint64_t>(item.host - p.landing.data()) / element;
-        Accumulate(p.grads.as<float>() + first, item.host, p.dtype, item.bytes / element,
-                   item.adds());
+    // Several micro-batches, declared (fp32 sums) or not (in the dtype): it landed in
+    // p.landing. (With one declared, a piece that adds is an undeclared one's.)
+    if (core_.accumulation == 1 && !item.adds()) return ok;
+    const size_t i = item.param();
+    EngineParam& p = core_.params[i];
+    if (ok) {
+      const size_t element = DTypeBytes(p.dtype);
+      const uint64_t first = static_cast<uint64_t>(item.host - p.landing.data()) / element;
+      const uint64_t n = item.bytes / element;
+      if (core_.accumulation > 1) {
+        Accumulate(p.grads.as<float>() + first, item.host, p.dtype, n, item.adds());
+      } else {
+        AddInDtype(p.grads.data() + first * element, item.host, p.dtype, n);
       }
-      summed_[i].fetch_add(item.bytes);
-      summed_[i].notify_all();
     }
+    summed_[i].fetch_add(item.bytes);
+    summed_[i].notify_all();
     return ok;
   }
   Status WaitLanded() override { return device_->WaitLanded(); }
   std::optional<GradSquares> Squares(size_t i) const override {
-    if (!gpu_squares_) return std::nullopt;
+    if (!gpu_squares_ || extras_[i] > 0) return std::nullopt;  // the first gradient's only
     return device_->Squares(i);
   }
   void* InPlaceBuffer(EngineParam& /*p*/) override { return nullptr; }  // the ring copies
@@ -146,6 +155,20 @@ class DeviceGradientPath final : public GradientPath {
   }
 
  private:
+  // `p.landing`, pinned, for `what` of `p`.
+  Status AllocateLanding(EngineParam& p, std::string_view what) {
+    ZO_ASSIGN_OR_RETURN(
+        p.landing, core_.rt->AllocateHost(p.bytes(), StrCat(what, " of '", p.name, "'"), true));
+    return Status::Ok();
+  }
+  // Blocks until the worker has added `bytes` of parameter i's micro-batches in: the next one
+  // lands where the last one did.
+  void AwaitSummed(size_t i, uint64_t bytes) {
+    for (uint64_t seen = summed_[i].load(); seen < bytes; seen = summed_[i].load()) {
+      summed_[i].wait(seen);
+    }
+  }
+
   EngineCore& core_;
   std::unique_ptr<DevicePath> device_;
   // With the state in host memory each chunk's new values are written over its gradient where
@@ -156,9 +179,13 @@ class DeviceGradientPath final : public GradientPath {
   std::byte* slot_ = nullptr;
   // With one micro-batch the GPU makes each gradient's squares as it goes down.
   bool gpu_squares_ = false;
-  // Several micro-batches: the bytes of each parameter's micro-batches the worker has added
-  // into its sum this window (the next micro-batch lands where the last one did).
+  // Every piece goes to the worker (sums of declared micro-batches, updates as they land);
+  // else only those of undeclared micro-batches.
+  bool pieces_to_worker_ = false;
+  // The bytes of each parameter's micro-batches the worker has added in this window (the next
+  // lands where the last one did), and its undeclared micro-batches (one declared).
   std::unique_ptr<std::atomic<uint64_t>[]> summed_;
+  std::vector<int> extras_;
   // The device path's counters at the last TakeTransferStats.
   uint64_t last_to_host_ = 0, last_to_gpu_ = 0;
   double last_upload_wait_ = 0;

@@ -90,7 +90,8 @@ DevicePath::~DevicePath() {
 }
 
 Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32_t tag,
-                       void* stream, const Future<>* upload, const SquaresTo* squares) {
+                       void* stream, const Future<>* upload, const SquaresTo* squares,
+                       bool to_consumer) {
   const cudaStream_t caller = AsStream(stream);
   ZO_ASSIGN_OR_RETURN(CopyEngine * copies, rt_->Copies());
   gpu::DeviceGradNorm* entry = nullptr;
@@ -141,7 +142,7 @@ Status DevicePath::Add(const void* grad, uint64_t bytes, std::byte* host, uint32
     if (read.Ready()) ZO_RETURN_IF_ERROR(read.Wait());  // an enqueue error
     while (!landing_.empty() && landing_.front().Ready()) landing_.pop_front();
     landing_.push_back(read);
-    if (landed_) {
+    if (landed_ && to_consumer) {
       {
         std::lock_guard lock(arriving_mu_);
         arriving_.push_back(read);

@@ -11,7 +11,8 @@
 //    gradients while backward runs, and after the last one only its own copy is left.
 // 3. Before the ring's head writes over a piece still being copied down, the caller's stream
 //    waits for that copy (on the GPU; the host never waits). Pieces are at most half the ring.
-// 4. When a Landed callback is set, Add calls it with each piece at once (on the caller's
+// 4. When a Landed callback is set, Add calls it with each piece (unless told not to) at once (on
+// the caller's
 //    thread), and the one consumer of the pieces calls AwaitPiece before using each, in the
 //    same order: it blocks until that piece is on the host. No host function goes on the D2H
 //    stream, so a busy host (the CPU update under backward) cannot hold the copies up, nor
@@ -77,9 +78,11 @@ class DevicePath {
 
   /// Sends `bytes` of device memory at `grad` (produced on `stream`, a cudaStream_t; null:
   /// the legacy default stream) to pinned `host`, after `upload` (when given) has read it.
-  /// With `squares` its sum of squares and inf/NaN count go down too (item 5).
+  /// With `squares` its sum of squares and inf/NaN count go down too (item 5). With
+  /// `to_consumer` false its pieces do not go to the Landed callback.
   Status Add(const void* grad, uint64_t bytes, std::byte* host, uint32_t tag, void* stream,
-             const Future<>* upload = nullptr, const SquaresTo* squares = nullptr);
+             const Future<>* upload = nullptr, const SquaresTo* squares = nullptr,
+             bool to_consumer = true);
   /// Blocks until every piece is in host memory.
   Status WaitLanded();
   /// With a Landed callback, from its consumer (one thread): blocks until the oldest piece
@@ -103,7 +106,7 @@ class DevicePath {
   /// device -> host, synchronously (pageable memory is fine).
   Status CopyToHost(void* host, const void* device, uint64_t bytes);
 
-  /// Pieces sent so far (each given to the Landed callback once, when set).
+  /// Pieces sent so far.
   uint64_t pieces() const { return pieces_; }
   uint64_t bytes_to_host() const { return bytes_to_host_; }
   uint64_t bytes_to_gpu() const { return bytes_to_gpu_; }

@@ -51,7 +51,7 @@ void EngineCore::AwaitWorker() {
 }
 
 bool EngineCore::AddsAsTorch() const {
-  return !gpu() && accumulation == 1 && schedule->mode() == Overlap::kNone;
+  return accumulation == 1 && schedule->mode() == Overlap::kNone;
 }
 
 Status EngineCore::CheckWindowComplete(std::string_view what, std::string_view consequence) const {
@@ -96,14 +96,9 @@ Status EngineCore::GradientReady(EngineParam& p, const void* grad, void* stream)
           "gradient of '", p.name, "': it already has its ", accumulation,
           " gradient(s) of this step (gradient_accumulation_steps); call Step first, or declare "
           "the micro-batches per step in the config's gradient_accumulation_steps (an undeclared "
-          "count adds up only in host mode with overlap \"none\")"));
+          "count adds up only with overlap \"none\")"));
     }
-    if (grad == p.grads.data()) {
-      return InvalidArgumentError(StrCat("gradient of '", p.name,
-                                         "': a later micro-batch's gradient cannot be written "
-                                         "into the engine's buffer, which holds the sum so far"));
-    }
-    AddInDtype(p.grads.data(), grad, p.dtype, p.n);
+    ZO_RETURN_IF_ERROR(path->HandExtra(IndexOf(p), grad, stream));
     return Received(p, start);
   }
   const bool add = p.received > 0;
@@ -121,7 +116,11 @@ Status EngineCore::AwaitGradients() {
   AwaitWorker();                        // accumulation, and the updates of the overlap modes
   if (!schedule->UpdatesOnLanding()) {  // else the worker read them
     for (size_t i = 0; i < params.size(); ++i) {
-      if (const std::optional<GradSquares> made = path->Squares(i)) squares[i] = *made;
+      if (const std::optional<GradSquares> made = path->Squares(i)) {
+        squares[i] = *made;
+      } else if (SquaresKnown() && accumulation == 1) {  // a sum of undeclared micro-batches
+        squares[i] = SquaresOf(i, 0);
+      }
     }
   }
   return Status::Ok();

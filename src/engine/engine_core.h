@@ -100,10 +100,10 @@ struct EngineCore {
   void Handle(const WorkItem& item);
   // Blocks until the worker has handled every item sent so far, and the schedule's updates.
   void AwaitWorker();
-  // Host mode, overlap "none", gradient_accumulation_steps 1 (or unset): a parameter may take
-  // more gradients than declared before Step, added into its gradient in its dtype as torch
-  // adds into .grad (a loop that accumulates by repeated backward, as every torch optimizer
-  // allows). On the GPU and in the overlap modes the declared count is the count.
+  // Overlap "none", gradient_accumulation_steps 1 (or unset): a parameter may take more
+  // gradients than declared before Step, added into its gradient in its dtype as torch adds
+  // into .grad (a loop that accumulates by repeated backward, as every torch optimizer
+  // allows). In the overlap modes the declared count is the count.
   bool AddsAsTorch() const;
   // Every parameter has its gradients of the window (at least the declared count where
   // AddsAsTorch); else FAILED_PRECONDITION from `what` naming the first five without (then

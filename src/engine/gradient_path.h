@@ -54,6 +54,9 @@ class GradientPath : public ParamSink {
   /// buffer (`add`: a later micro-batch of the window, summed), after the work on `stream`;
   /// its pieces go to the worker where the core or the schedule wants them there.
   virtual Status Hand(size_t i, const void* grad, bool add, bool last, void* stream) = 0;
+  /// A further gradient of parameter i after its declared micro-batches (EngineCore::AddsAsTorch):
+  /// added into its gradient in its dtype, as torch adds into .grad, once it is in host memory.
+  virtual Status HandExtra(size_t i, const void* grad, void* stream) = 0;
   /// On the worker, before the core uses a piece Hand sent it: false if it failed to arrive
   /// (the step then reports it: WaitLanded).
   virtual bool Arrived(const WorkItem& item) = 0;

@@ -3,6 +3,7 @@
 // during GradientReady; the update writes the new values into the parameter in place.
 #include <cstring>
 
+#include "common/strings.h"
 #include "engine/engine_core.h"
 #include "engine/gradient_path.h"
 #include "engine/param_math.h"
@@ -28,6 +29,16 @@ class HostPath final : public GradientPath {
     if (last && core_.schedule->UpdatesOnLanding()) {
       core_.worker.Push({nullptr, p.bytes(), WorkItem::Tag(i, add, last)});
     }
+    return Status::Ok();
+  }
+  Status HandExtra(size_t i, const void* grad, void* /*stream*/) override {
+    EngineParam& p = core_.params[i];
+    if (grad == p.grads.data()) {
+      return InvalidArgumentError(StrCat("gradient of '", p.name,
+                                         "': a later micro-batch's gradient cannot be written "
+                                         "into the engine's buffer, which holds the sum so far"));
+    }
+    AddInDtype(p.grads.data(), grad, p.dtype, p.n);
     return Status::Ok();
   }
   bool Arrived(const WorkItem& /*item*/) override { return true; }

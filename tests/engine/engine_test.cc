@@ -1267,5 +1267,91 @@ TEST(EngineAccumulation, GradientNormIsTheStepsNormAndSetsTheClip) {
   EXPECT_EQ(a->SetGradientClipping(-1).code(), StatusCode::kInvalidArgument);
 }
 
+
+#if ZO_HAVE_CUDA
+// The same with the parameters on a GPU: an undeclared micro-batch's gradient goes down through
+// the ring into a landing buffer and the worker adds it into the first in bf16. The state and
+// the model's parameters equal, bit for bit, a host engine's given each step's sum (its norm,
+// from the host's pass over the sum, equals the host engine's), with host and NVMe state.
+TEST(EngineGpuAccumulation, UndeclaredMicroBatchesAddUpAsTorchsGrad) {
+  if (auto n = UsableGpuCount(); !n.ok()) GTEST_SKIP() << n.status().message();
+  for (const char* home : {"host", "nvme"}) {
+    SCOPED_TRACE(home);
+    TempDir swap_a, swap_b;
+    const Case c{1, false, StatePrecision::kFp32, home};
+    Model gpu_model(31), host_model(31);
+    std::vector<void*> device(kSizes.size());
+    std::vector<ParameterSpec> specs = gpu_model.Specs();
+    for (size_t i = 0; i < kSizes.size(); ++i) {
+      ASSERT_EQ(cudaMalloc(&device[i], 2 * kSizes[i]), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(device[i], gpu_model.params[i].data(), 2 * kSizes[i],
+                           cudaMemcpyHostToDevice),
+                cudaSuccess);
+      specs[i].data = device[i];
+    }
+    void* grad = nullptr;
+    ASSERT_EQ(cudaMalloc(&grad, 2 * 13001), cudaSuccess);
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    {
+      EngineOptions eo;
+      eo.groups = Groups();
+      eo.require_gpu = true;
+      auto engine = OffloadEngine::Create(MakeConfig(c, swap_a.path()), specs, eo);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      auto host = HostEngine(c, swap_b.path(), host_model);
+      ASSERT_TRUE(host);
+      for (int step = 1; step <= 3; ++step) {
+        ASSERT_TRUE((*engine)->WaitParameters(stream).ok());
+        std::vector<std::vector<uint16_t>> sums;
+        for (int micro = 0; micro < 3; ++micro) {
+          const auto grads = Grads(100 * step + micro);
+          for (size_t i = kSizes.size(); i-- > 0;) {
+            ASSERT_EQ(cudaMemcpyAsync(grad, grads[i].data(), 2 * kSizes[i],
+                                      cudaMemcpyHostToDevice, stream),
+                      cudaSuccess);
+            ASSERT_TRUE(
+                (*engine)->GradientReady(Name(i), grad, kSizes[i], DType::kBf16, stream).ok());
+            ASSERT_EQ(cudaMemsetAsync(grad, 0xFF, 2 * kSizes[i], stream), cudaSuccess);
+            ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          }
+          if (micro == 0) {
+            sums = grads;
+            continue;
+          }
+          for (size_t i = 0; i < kSizes.size(); ++i) {
+            for (uint64_t k = 0; k < kSizes[i]; ++k) {
+              sums[i][k] = RoundToBf16(static_cast<double>(FromBf16(sums[i][k])) +
+                                       static_cast<double>(FromBf16(grads[i][k])));
+            }
+          }
+        }
+        for (size_t i = 0; i < kSizes.size(); ++i) {
+          ASSERT_TRUE(host->GradientReady(Name(i), sums[i].data(), kSizes[i], DType::kBf16).ok());
+        }
+        auto norm = (*engine)->GradientNorm();
+        auto a = (*engine)->Step();
+        auto b = host->Step();
+        ASSERT_TRUE(norm.ok() && a.ok() && b.ok()) << norm.status() << a.status() << b.status();
+        EXPECT_EQ(*norm, a->grad_norm);
+        EXPECT_NEAR(a->grad_norm, b->grad_norm, 1e-12 * b->grad_norm);
+      }
+      ASSERT_TRUE((*engine)->WaitParameters(stream).ok());
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      EXPECT_EQ(AllState(**engine, StatePrecision::kFp32), AllState(*host, StatePrecision::kFp32));
+      for (size_t i = 0; i < kSizes.size(); ++i) {
+        std::vector<uint16_t> on_gpu(kSizes[i]);
+        ASSERT_EQ(cudaMemcpy(on_gpu.data(), device[i], 2 * kSizes[i], cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        EXPECT_EQ(on_gpu, host_model.params[i]) << Name(i);
+      }
+    }
+    for (void* d : device) EXPECT_EQ(cudaFree(d), cudaSuccess);
+    EXPECT_EQ(cudaFree(grad), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  }
+}
+#endif  // ZO_HAVE_CUDA
+
 }  // namespace
 }  // namespace zoffload::internal::testing

@@ -53,6 +53,35 @@ def test_bf16_on_cuda_matches_fp32_master_adamw_and_frees_every_gradient():
     opt.close()
 
 
+def test_accumulation_by_repeated_backward_on_cuda_needs_no_declaration():
+    """A loop that calls backward three times a step without declaring it, clipping with
+    clip_grad_norm_: each further gradient goes down like the first and is added into it (fp32
+    here, as torch adds into .grad), which trains to the bits of the same loop with
+    gradient_accumulation_steps 3 declared (fp32 sums in the same order) and reports the same
+    norm."""
+    steps, micro, lr = 4, 3, 3e-3
+    data = [[t.cuda() for t in mb] for mb in batches(steps, micro=micro)]
+    models = [make_model().cuda(), make_model().cuda()]
+    opts = [zt.OffloadOptimizer(models[0].named_parameters(), config(), lr=lr),
+            zt.OffloadOptimizer(models[1].named_parameters(),
+                                config(gradient_accumulation_steps=micro), lr=lr)]
+    assert all(opt.engine.on_gpu for opt in opts)
+    for micro_batches in data:
+        norms = []
+        for model, opt in zip(models, opts):
+            for tokens in micro_batches:
+                (loss_of(model, tokens) / micro).backward()
+            norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5))
+            opt.step()
+            opt.zero_grad()
+        assert torch.equal(norms[0], norms[1]), norms
+        assert 0 < norms[0].item() < float("inf")
+    for p, q in zip(models[0].parameters(), models[1].parameters()):
+        assert torch.equal(p, q)
+    for opt in opts:
+        opt.close()
+
+
 def test_parameter_offload_on_cuda_trains_as_the_resident_engine():
     """Stage 3 + offload_param cpu: the model's parameters are empty on the GPU between uses
     and each module fetches its own from pinned host memory (from the second step the next
