@@ -1172,6 +1172,22 @@ uint16_t RoundToBf16(double x) {
   return static_cast<uint16_t>(u);
 }
 
+// `grads` into `sums` (`first`: they are the sums) as torch adds into a bf16 .grad: each sum
+// rounded to bf16.
+void AddAsTorch(const std::vector<std::vector<uint16_t>>& grads, bool first,
+                std::vector<std::vector<uint16_t>>* sums) {
+  if (first) {
+    *sums = grads;
+    return;
+  }
+  for (size_t i = 0; i < grads.size(); ++i) {
+    for (uint64_t k = 0; k < grads[i].size(); ++k) {
+      (*sums)[i][k] = RoundToBf16(static_cast<double>(FromBf16((*sums)[i][k])) +
+                                  static_cast<double>(FromBf16(grads[i][k])));
+    }
+  }
+}
+
 // Host mode, overlap "none", no gradient_accumulation_steps: three backward passes a step are
 // added into the first in bf16 (each sum rounded, as torch adds into a bf16 .grad), and the
 // steps equal, bit for bit, an engine given each step's sum as one gradient. Under overlap
@@ -1191,16 +1207,7 @@ TEST(EngineAccumulation, UndeclaredMicroBatchesAddUpAsTorchsGrad) {
         ASSERT_TRUE(
             repeated->GradientReady(Name(i), grads[i].data(), kSizes[i], DType::kBf16).ok());
       }
-      if (micro == 0) {
-        sums = grads;
-        continue;
-      }
-      for (size_t i = 0; i < kSizes.size(); ++i) {
-        for (uint64_t k = 0; k < kSizes[i]; ++k) {
-          sums[i][k] = RoundToBf16(static_cast<double>(FromBf16(sums[i][k])) +
-                                   static_cast<double>(FromBf16(grads[i][k])));
-        }
-      }
+      AddAsTorch(grads, micro == 0, &sums);
     }
     for (size_t i = 0; i < kSizes.size(); ++i) {
       ASSERT_TRUE(summed->GradientReady(Name(i), sums[i].data(), kSizes[i], DType::kBf16).ok());
@@ -1267,7 +1274,6 @@ TEST(EngineAccumulation, GradientNormIsTheStepsNormAndSetsTheClip) {
   EXPECT_EQ(a->SetGradientClipping(-1).code(), StatusCode::kInvalidArgument);
 }
 
-
 #if ZO_HAVE_CUDA
 // The same with the parameters on a GPU: an undeclared micro-batch's gradient goes down through
 // the ring into a landing buffer and the worker adds it into the first in bf16. The state and
@@ -1284,9 +1290,9 @@ TEST(EngineGpuAccumulation, UndeclaredMicroBatchesAddUpAsTorchsGrad) {
     std::vector<ParameterSpec> specs = gpu_model.Specs();
     for (size_t i = 0; i < kSizes.size(); ++i) {
       ASSERT_EQ(cudaMalloc(&device[i], 2 * kSizes[i]), cudaSuccess);
-      ASSERT_EQ(cudaMemcpy(device[i], gpu_model.params[i].data(), 2 * kSizes[i],
-                           cudaMemcpyHostToDevice),
-                cudaSuccess);
+      ASSERT_EQ(
+          cudaMemcpy(device[i], gpu_model.params[i].data(), 2 * kSizes[i], cudaMemcpyHostToDevice),
+          cudaSuccess);
       specs[i].data = device[i];
     }
     void* grad = nullptr;
@@ -1307,24 +1313,15 @@ TEST(EngineGpuAccumulation, UndeclaredMicroBatchesAddUpAsTorchsGrad) {
         for (int micro = 0; micro < 3; ++micro) {
           const auto grads = Grads(100 * step + micro);
           for (size_t i = kSizes.size(); i-- > 0;) {
-            ASSERT_EQ(cudaMemcpyAsync(grad, grads[i].data(), 2 * kSizes[i],
-                                      cudaMemcpyHostToDevice, stream),
+            ASSERT_EQ(cudaMemcpyAsync(grad, grads[i].data(), 2 * kSizes[i], cudaMemcpyHostToDevice,
+                                      stream),
                       cudaSuccess);
             ASSERT_TRUE(
                 (*engine)->GradientReady(Name(i), grad, kSizes[i], DType::kBf16, stream).ok());
             ASSERT_EQ(cudaMemsetAsync(grad, 0xFF, 2 * kSizes[i], stream), cudaSuccess);
             ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
           }
-          if (micro == 0) {
-            sums = grads;
-            continue;
-          }
-          for (size_t i = 0; i < kSizes.size(); ++i) {
-            for (uint64_t k = 0; k < kSizes[i]; ++k) {
-              sums[i][k] = RoundToBf16(static_cast<double>(FromBf16(sums[i][k])) +
-                                       static_cast<double>(FromBf16(grads[i][k])));
-            }
-          }
+          AddAsTorch(grads, micro == 0, &sums);
         }
         for (size_t i = 0; i < kSizes.size(); ++i) {
           ASSERT_TRUE(host->GradientReady(Name(i), sums[i].data(), kSizes[i], DType::kBf16).ok());
