@@ -176,8 +176,11 @@ def zoffload_config(args):
         zero.update(stage=3, offload_param=values)
         if getattr(args, "prefetch_elements", None) is not None:
             zero["stage3_prefetch_bucket_size"] = args.prefetch_elements
+    # Undeclared: the loop's repeated backward adds up as torch's .grad does (overlap none).
+    declared = ({"gradient_accumulation_steps": args.accumulation}
+                if getattr(args, "declare_accumulation", True) else {})
     return {
-        "gradient_accumulation_steps": args.accumulation,
+        **declared,
         "bf16": {"enabled": True},
         "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.0}},
         "zero_optimization": zero,
@@ -259,6 +262,10 @@ def main():
     ap.add_argument("--clip", type=float, default=0.0, metavar="MAX_NORM",
                     help="clip in the loop, torch's way: torch.nn.utils.clip_grad_norm_ before "
                          "each step (0: no clipping)")
+    ap.add_argument("--undeclared-accumulation", dest="declare_accumulation",
+                    action="store_false",
+                    help="leave gradient_accumulation_steps out of the config: the loop's "
+                         "backward passes add up as torch's .grad (overlap none)")
     ap.add_argument("--param-nvme", action="store_true",
                     help="with --nvme and --offload-param: the parameters' values on NVMe too "
                          "(offload_param nvme), read ahead of use into a host cache")
