@@ -1,6 +1,8 @@
-// EngineCore: the trainer core behind OffloadEngine — the parameters, the optimizer state, the
-// step count and loss scale, the gradients of the window (the micro-batches between two
-// Steps), and the worker thread, with what varies behind two seams:
+// EngineCore: the one trainer core, behind OffloadEngine (one process) and ZeroOptimizer (ZeRO
+// across ranks) alike — the parameters, the optimizer state, the step count and loss scale,
+// the gradients of the window (the micro-batches between two Steps), and the worker thread,
+// with what varies behind three seams:
+// - a Partition (partition.h): what this process owns, and the exchange with the others;
 // - a GradientPath (gradient_path.h): host or device memory;
 // - a StepSchedule (step_schedule.h): overlap none, backward or delayed.
 //
@@ -19,9 +21,12 @@
 #include <string_view>
 #include <vector>
 
+#include <functional>
+
 #include "engine/gradient_path.h"
 #include "engine/lane.h"
 #include "engine/loss_scaler.h"
+#include "engine/partition.h"
 #include "engine/step_schedule.h"
 #include "tiers/optimizer_state.h"
 #include "tiers/runtime_context.h"
@@ -69,13 +74,14 @@ struct EngineCore {
   std::vector<EngineParam> params;
   std::map<std::string, size_t, std::less<>> index;
   std::vector<ParamGroup> groups;
-  std::unique_ptr<OptimizerState> state;
+  std::unique_ptr<OptimizerState> state;  // the partition's (null: it owns nothing)
   LossScaler scaler{Fp16Config{}};
   int accumulation = 1;
   int64_t steps = 0;
   uint64_t total = 0;
   uint64_t grads_in_window = 0;  // GradientReady calls since the last Step
   EngineStepStats last;
+  std::unique_ptr<Partition> partition;
   std::unique_ptr<GradientPath> path;
   std::unique_ptr<StepSchedule> schedule;
   Lane<WorkItem> worker;
@@ -90,8 +96,17 @@ struct EngineCore {
   std::vector<size_t> arrival;  // parameters in the order their window's last gradient came
 
   // The worker first (it finishes what is queued, waiting for each piece to land), then the
-  // schedule (its updater uploads through the path), then the path.
+  // schedule (its updater uploads through the path), the path, the partition.
   ~EngineCore();
+
+  using MakePartition = std::function<Result<std::unique_ptr<Partition>>(EngineCore&)>;
+  // Create's one path, for every world size: checks `config` (the parser's rules, `world`
+  // ranks) and `specs` (errors prefixed by `who`), then makes the partition, the schedule, the
+  // state, the path, the buffers and the masters. `context` (borrowed; null: one of the
+  // core's own from `runtime`).
+  Status Setup(const Config& config, std::vector<ParameterSpec> specs, EngineOptions options,
+               std::string_view who, int world, const MakePartition& make,
+               const RuntimeOptions& runtime);
 
   Result<EngineParam*> Find(std::string_view name);
   size_t IndexOf(const EngineParam& p) const { return static_cast<size_t>(&p - params.data()); }
@@ -109,7 +124,15 @@ struct EngineCore {
   // AddsAsTorch); else FAILED_PRECONDITION from `what` naming the first five without (then
   // `consequence`).
   Status CheckWindowComplete(std::string_view what, std::string_view consequence) const;
-  Status GradientReady(EngineParam& p, const void* grad, void* stream);
+  // Checks `grad` (elements, dtype, memory) and hands it over.
+  Status GradientReady(std::string_view name, const void* grad, uint64_t elements, DType dtype,
+                       void* stream);
+  Result<void*> GradientBuffer(std::string_view name);
+  Result<EngineStepStats> Step();
+  Status SetGroup(int index, const ParamGroup& group);
+  // Parameter `p`'s state (ReadState's layout), and its value in the model, through the path.
+  Status LoadState(EngineParam& p, const float* master, const void* m, const void* v);
+  uint64_t host_bytes() const;
   // Waits until the window's gradients are all in host memory (and summed), and reads their
   // squares where the path made them and no worker has.
   Status AwaitGradients();
@@ -126,8 +149,6 @@ struct EngineCore {
   Status BetweenSteps(std::string_view what) const;
   // Where parameter memory must live: the engine's GPU, or the host in host mode.
   Status CheckMemory(const void* ptr, bool gpu, const std::string& what) const;
-  // The masters from the parameters' values (or the given fp32 values).
-  Status Initialize();
 
  private:
   void BeginWindow();
@@ -135,5 +156,8 @@ struct EngineCore {
   // if GradientNorm made one, no longer holds.
   Status Received(EngineParam& p, EngineClock::time_point start);
 };
+
+/// The identity partition (identity_partition.cc): this process owns everything.
+std::unique_ptr<Partition> MakeIdentityPartition(EngineCore& core);
 
 }  // namespace zoffload::internal

@@ -5,6 +5,7 @@
 
 #include "common/strings.h"
 #include "common/trace.h"
+#include "cpu_adam/adam_math.h"
 #include "engine/engine_core.h"
 #include "engine/param_math.h"
 #include "engine/step_schedule.h"
@@ -30,26 +31,44 @@ class ExactSchedule final : public StepSchedule {
   bool NormsOnLanding() const override { return true; }
   Status CanReportNorm() const override { return Status::Ok(); }
 
+  // The partition gives the norm where it is known before the update (else the state's step
+  // makes it in its pass), the owned gradients and where the new values go, then sends them
+  // on. A partition that owns nothing takes the same skip and clip decision.
   Status Step(EngineStepStats* stats, Status* /*outcome*/) override {
     EngineCore& e = core_;
     const AdamHyper base = e.NextBase();
     const std::vector<AdamHyper> hypers = GroupHypers(e.groups, base);
-    const std::vector<TensorGrads> grads = e.AllGrads(hypers);  // (pointing into `hypers`)
-    if (e.SquaresKnown() && !e.window_norm) e.window_norm = NormOf(e.squares);
-    auto result = e.state->Step(grads, base, stats->loss_scale,
-                                static_cast<float>(e.config.gradient_clipping), e.path.get(), {},
-                                e.window_norm ? &*e.window_norm : nullptr);
+    auto norm = e.partition->Norm(e.state == nullptr);
+    const float max_norm = static_cast<float>(e.config.gradient_clipping);
+    Result<AdamStepResult> result = AdamStepResult{};
+    if (!norm.ok()) {
+      result = norm.status();
+    } else if (e.state != nullptr) {
+      const std::vector<TensorGrads> grads = e.partition->Grads(hypers);  // (into `hypers`)
+      result = e.state->Step(grads, base, stats->loss_scale, max_norm, e.partition->Sink(), {},
+                             *norm ? &**norm : nullptr);
+    } else if (!(*norm)->finite) {
+      result->skipped = true;
+      result->grad_norm = NonfiniteNorm((*norm)->l2);
+    } else {
+      ClipAndUnscale((*norm)->l2, stats->loss_scale, max_norm, &result->grad_norm,
+                     &result->clip_coef);
+    }
     e.window_norm.reset();
     ZO_RETURN_IF_ERROR(result.status().WithContext("Step"));
-    e.scaler.Update(result->skipped);
     Report(*result, stats);
-    if (result->skipped) return Status::Ok();
-    ++e.steps;
-    const StepStats& s = e.state->last_step();
-    stats->adam_seconds = s.adam_seconds;
-    stats->io_wait_seconds = s.io_wait_seconds;
-    stats->nvme_bytes_read = s.bytes_read;
-    stats->nvme_bytes_written = s.bytes_written;
+    if (!result->skipped) {
+      ++e.steps;
+      if (e.state != nullptr) {
+        const StepStats& s = e.state->last_step();
+        stats->adam_seconds = s.adam_seconds;
+        stats->io_wait_seconds = s.io_wait_seconds;
+        stats->nvme_bytes_read = s.bytes_read;
+        stats->nvme_bytes_written = s.bytes_written;
+      }
+    }
+    ZO_RETURN_IF_ERROR(e.partition->Finish(result->skipped).WithContext("Step"));
+    e.scaler.Update(result->skipped);
     return Status::Ok();
   }
 
