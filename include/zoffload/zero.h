@@ -34,6 +34,10 @@
 #include "zoffload/runtime.h"
 #include "zoffload/status.h"
 
+namespace zoffload::internal::zero {
+struct ZeroAccess;
+}  // namespace zoffload::internal::zero
+
 ZO_API_BEGIN
 namespace zoffload {
 
@@ -120,6 +124,7 @@ class ZeroOptimizer {
   uint64_t owned_elements() const;
 
  private:
+  friend struct internal::zero::ZeroAccess;  // makes one over any communicator (tests)
   struct Impl;
   explicit ZeroOptimizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -284,7 +284,9 @@ Result<EngineStepStats> EngineCore::Step() {
   stats.step = steps;
   path->TakeTransferStats(&stats);
   stats.seconds = Since(start);
-  if (tracer != nullptr) tracer->Record(kEngineTrack, "step", start, EngineClock::now());
+  if (const char* track = partition->step_track(); tracer != nullptr && track != nullptr) {
+    tracer->Record(track, "step", start, EngineClock::now());
+  }
   last = stats;
   ZO_RETURN_IF_ERROR(outcome);
   return stats;

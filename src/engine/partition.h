@@ -51,6 +51,8 @@ class Partition {
   virtual Status Load(const std::string& dir) = 0;
   /// Host bytes held beyond the state: gradient buffers, staging.
   virtual uint64_t host_bytes() const = 0;
+  /// The trace track on which each whole Step is a span "step" (null: none).
+  virtual const char* step_track() const { return nullptr; }
 };
 
 }  // namespace zoffload::internal

@@ -32,6 +32,10 @@
 
 namespace zoffload::internal::zero {
 
+/// Whether `run` may name a run (and its shared-memory segment): letters, digits, '.', '_',
+/// '-'; 1 to 200 of them.
+bool GoodRunName(const std::string& run);
+
 class HostComm final : public Communicator {
  public:
   struct Options {

@@ -1,5 +1,6 @@
-// The public ZeroOptimizer (include/zoffload/zero.h): the rank's HostComm and its
-// internal::zero::ZeroOptimizer.
+// ZeroRank (include/zoffload/zero.h): which rank this process is, from the launcher's
+// environment, and NCCL ids. (The ZeroOptimizer itself is the engine core's:
+// engine/zero_optimizer.cc.)
 #include "zoffload/zero.h"
 
 #include <unistd.h>
@@ -10,7 +11,6 @@
 #include "build_info.h"
 #include "common/strings.h"
 #include "zero/host_comm.h"
-#include "zero/zero_optimizer.h"
 #if ZO_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -39,7 +39,9 @@ int64_t WholeNumber(const std::string& text) {
   return n;
 }
 
-bool GoodRunName(const std::string& run) {
+}  // namespace
+
+bool internal::zero::GoodRunName(const std::string& run) {
   if (run.empty() || run.size() > 200) return false;
   for (char c : run) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -48,8 +50,6 @@ bool GoodRunName(const std::string& run) {
   }
   return true;
 }
-
-}  // namespace
 
 Result<ZeroRank> ZeroRank::FromEnvironment() {
   ZeroRank r;
@@ -89,7 +89,7 @@ Result<ZeroRank> ZeroRank::FromEnvironment() {
                  "sets TORCHELASTIC_RUN_ID and MASTER_PORT)"));
     }
     r.run = StrCat("single-", ::getpid());
-  } else if (!GoodRunName(r.run)) {
+  } else if (!internal::zero::GoodRunName(r.run)) {
     return InvalidArgumentError(StrCat("ZeRO: the run's name from ", from, " is '", r.run,
                                        "'; use letters, digits, '.', '_' and '-' (at most 200)"));
   }
@@ -104,98 +104,5 @@ Result<std::string> ZeroRank::NewNcclId() {
   return Status(StatusCode::kUnimplemented, "ZeRO over NCCL: this build has no CUDA");
 #endif
 }
-
-namespace {
-
-// The rank's NCCL communicator on its device (rank.nccl_id set).
-Result<std::unique_ptr<internal::zero::Communicator>> NcclFor(const ZeroRank& rank,
-                                                              std::chrono::milliseconds timeout) {
-#if ZO_HAVE_CUDA
-  auto id = internal::NcclUniqueId::FromHex(rank.nccl_id);
-  if (!id.ok()) {
-    return InvalidArgumentError(
-        StrCat("ZeRO: the NCCL id (ZeroRank::nccl_id, ZOFFLOAD_NCCL_ID): ", id.status().message()));
-  }
-  if (const cudaError_t e = cudaSetDevice(rank.device); e != cudaSuccess) {
-    return Status(StatusCode::kUnavailable,
-                  StrCat("ZeRO over NCCL: rank ", rank.rank, " cannot use CUDA device ",
-                         rank.device, ": ", cudaGetErrorString(e)));
-  }
-  ::setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // NOLINT(concurrency-mt-unsafe)
-  ZO_ASSIGN_OR_RETURN(internal::NcclComm nccl,
-                      internal::NcclComm::Init(rank.world, rank.rank, *id));
-  internal::zero::NcclCommunicator::Options o;
-  o.timeout = timeout;
-  ZO_ASSIGN_OR_RETURN(auto comm, internal::zero::NcclCommunicator::Create(std::move(nccl), o));
-  return std::unique_ptr<internal::zero::Communicator>(std::move(comm));
-#else
-  (void)rank;
-  (void)timeout;
-  return Status(StatusCode::kUnimplemented, "ZeRO over NCCL: this build has no CUDA");
-#endif
-}
-
-}  // namespace
-
-struct ZeroOptimizer::Impl {
-  std::unique_ptr<internal::zero::Communicator> comm;  // outlives the optimizer
-  std::unique_ptr<internal::zero::ZeroOptimizer> zero;
-};
-
-ZeroOptimizer::ZeroOptimizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-ZeroOptimizer::~ZeroOptimizer() = default;
-
-Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& config,
-                                                             std::vector<ParameterSpec> params,
-                                                             const ZeroRank& rank,
-                                                             ZeroOptions options) {
-  if (!GoodRunName(rank.run)) {
-    return InvalidArgumentError(StrCat("ZeRO: the run's name is '", rank.run,
-                                       "'; use letters, digits, '.', '_' and '-' (at most 200)"));
-  }
-  auto impl = std::make_unique<Impl>();
-  const auto timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(config.zoffload.comm_timeout_seconds * 1000));
-  if (!rank.nccl_id.empty()) {
-    ZO_ASSIGN_OR_RETURN(impl->comm, NcclFor(rank, timeout));
-  } else {
-    internal::zero::HostComm::Options co;
-    co.name = StrCat("zoffload-", rank.run);
-    co.rank = rank.rank;
-    co.world = rank.world;
-    co.timeout = timeout;
-    ZO_ASSIGN_OR_RETURN(impl->comm, internal::zero::HostComm::Create(co));
-  }
-  ZO_ASSIGN_OR_RETURN(impl->zero, internal::zero::ZeroOptimizer::Create(
-                                      config, std::move(params), *impl->comm, std::move(options)));
-  return std::unique_ptr<ZeroOptimizer>(new ZeroOptimizer(std::move(impl)));
-}
-
-Status ZeroOptimizer::GradientReady(std::string_view name, const void* grad, uint64_t elements,
-                                    DType dtype) {
-  return impl_->zero->GradientReady(name, grad, elements, dtype);
-}
-Result<void*> ZeroOptimizer::GradientBuffer(std::string_view name) {
-  return impl_->zero->GradientBuffer(name);
-}
-Result<EngineStepStats> ZeroOptimizer::Step() { return impl_->zero->Step(); }
-Status ZeroOptimizer::GatherParameter(std::string_view name, void* out) {
-  return impl_->zero->GatherParameter(name, out);
-}
-Status ZeroOptimizer::GatherMaster(std::string_view name, float* out) {
-  return impl_->zero->GatherMaster(name, out);
-}
-Status ZeroOptimizer::Save(const std::string& dir) { return impl_->zero->Save(dir); }
-Status ZeroOptimizer::Load(const std::string& dir) { return impl_->zero->Load(dir); }
-Status ZeroOptimizer::SetGroup(int index, const ParamGroup& group) {
-  return impl_->zero->SetGroup(index, group);
-}
-int ZeroOptimizer::group_count() const { return impl_->zero->group_count(); }
-const ParamGroup& ZeroOptimizer::group(int index) const { return impl_->zero->group(index); }
-int ZeroOptimizer::stage() const { return impl_->zero->stage(); }
-int64_t ZeroOptimizer::steps() const { return impl_->zero->steps(); }
-float ZeroOptimizer::loss_scale() const { return impl_->zero->loss_scale(); }
-uint64_t ZeroOptimizer::partition_elements() const { return impl_->zero->partition_elements(); }
-uint64_t ZeroOptimizer::owned_elements() const { return impl_->zero->owned_elements(); }
 
 }  // namespace zoffload

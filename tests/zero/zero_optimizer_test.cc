@@ -9,7 +9,7 @@
 //
 // Every run is in child processes: the parent never starts OpenMP (or CUDA), which a forked
 // child could not use.
-#include "zero/zero_optimizer.h"
+#include "engine/zero_optimizer.h"
 
 #include <unistd.h>
 
@@ -271,7 +271,7 @@ int Train(const RankRun& run, int rank) {
   if (!config.ok()) return fail(11, config.status());
   std::vector<std::vector<std::byte>> values = InitialValues(dtype);
   std::vector<ParameterSpec> specs = Specs(values, dtype);
-  auto zero = ZeroOptimizer::Create(*config, specs, **comm);
+  auto zero = ZeroAccess::Create(*config, specs, **comm);
   if (!zero.ok()) return fail(12, zero.status());
   ZeroOptimizer& z = **zero;
   const int stage = run.stage, accumulation = run.accumulation;
@@ -713,7 +713,7 @@ TEST(ZeroOptimizerTest, GathersAndStepsAreOnTheTrace) {
     if (!comm.ok()) return 2;
     std::vector<std::vector<std::byte>> values = InitialValues(DType::kFp32);
     std::vector<ParameterSpec> specs = Specs(values, DType::kFp32);
-    auto z = ZeroOptimizer::Create(*config, specs, **comm);
+    auto z = ZeroAccess::Create(*config, specs, **comm);
     if (!z.ok()) return 3;
     std::vector<float> buffer(kSizes[0]);
     for (int t = 0; t < 4; ++t) {
@@ -754,12 +754,12 @@ TEST(ZeroOptimizerTest, CreateRefusesEveryValueTheParserRefuses) {
     RankRun run;
     run.stage = 2;
     auto valid = ParseConfig(ConfigJson(run));
-    if (!valid.ok() || !ZeroOptimizer::Create(*valid, specs, **comm).ok()) return 101;
+    if (!valid.ok() || !ZeroAccess::Create(*valid, specs, **comm).ok()) return 101;
     int failures = 0;
     for (const zoffload::testing::BadConfig& bad : zoffload::testing::BadConfigs()) {
       Config config = *valid;
       bad.change(config);
-      const Status s = ZeroOptimizer::Create(config, specs, **comm).status();
+      const Status s = ZeroAccess::Create(config, specs, **comm).status();
       if (s.code() != StatusCode::kInvalidArgument ||
           s.message().find(bad.key) == std::string::npos) {
         std::fprintf(stderr, "%s: got %s\n", bad.key.c_str(), s.ToString().c_str());
@@ -795,20 +795,20 @@ TEST(ZeroOptimizerTest, BadInputIsAClearError) {
     auto config = with(0);
     if (config.ok()) {
       config->zero_optimization.offload_optimizer.device = OffloadDevice::kCpu;
-      expect(ZeroOptimizer::Create(*config, specs, **comm).status(), StatusCode::kInvalidArgument,
+      expect(ZeroAccess::Create(*config, specs, **comm).status(), StatusCode::kInvalidArgument,
              "zero_optimization.stage must be 1, 2 or 3");
     }
     auto mixed = specs;
     mixed[2].dtype = DType::kBf16;
-    expect(ZeroOptimizer::Create(*with(2), mixed, **comm).status(), StatusCode::kInvalidArgument,
+    expect(ZeroAccess::Create(*with(2), mixed, **comm).status(), StatusCode::kInvalidArgument,
            "parameter 'w2' is bf16 but 'w1' is fp32");
     auto twice = specs;
     twice[3].name = "w1";
-    expect(ZeroOptimizer::Create(*with(2), twice, **comm).status(), StatusCode::kInvalidArgument,
+    expect(ZeroAccess::Create(*with(2), twice, **comm).status(), StatusCode::kInvalidArgument,
            "parameter 'w1' is given twice");
     auto delayed = with(2, R"("zoffload": {"overlap": "delayed"})");
     if (delayed.ok()) {
-      expect(ZeroOptimizer::Create(*delayed, specs, **comm).status(), StatusCode::kInvalidArgument,
+      expect(ZeroAccess::Create(*delayed, specs, **comm).status(), StatusCode::kInvalidArgument,
              "zoffload.overlap must be \"none\"");
     }
     TempDir nvme;
@@ -816,17 +816,19 @@ TEST(ZeroOptimizerTest, BadInputIsAClearError) {
     small_cache.stage = 3;
     small_cache.param_nvme = nvme.path();
     small_cache.max_in_cpu = 10;
-    expect(ZeroOptimizer::Create(*ParseConfig(ConfigJson(small_cache)), specs, **comm).status(),
+    expect(ZeroAccess::Create(*ParseConfig(ConfigJson(small_cache)), specs, **comm).status(),
            StatusCode::kInvalidArgument,
            "offload_param.max_in_cpu (10 elements) cannot hold 'w1' (40 elements of it on this "
            "rank)");
-    auto z = ZeroOptimizer::Create(*with(2), specs, **comm);
+    auto z = ZeroAccess::Create(*with(2), specs, **comm);
     if (!z.ok()) return 101;
     std::vector<float> grad(kSizes[0], 0.5f);
     expect((*z)->GradientReady("w9", grad.data(), kSizes[0], DType::kFp32), StatusCode::kNotFound,
            "no parameter 'w9'");
     expect((*z)->GradientReady("w1", grad.data(), kSizes[0] - 1, DType::kFp32),
-           StatusCode::kInvalidArgument, "'w1' takes 91 fp32 elements, got 90 fp32");
+           StatusCode::kInvalidArgument, "'w1': 90 fp32 elements");
+    expect((*z)->GradientReady("w1", grad.data(), kSizes[0] - 1, DType::kFp32),
+           StatusCode::kInvalidArgument, "the parameter has 91 fp32 elements");
     expect((*z)->GradientReady("w1", grad.data(), kSizes[0], DType::kFp32), StatusCode::kOk, "");
     expect((*z)->GradientReady("w1", grad.data(), kSizes[0], DType::kFp32),
            StatusCode::kFailedPrecondition, "already has its 1 gradient(s)");
