@@ -263,29 +263,50 @@ nb::object BytesOf(void* buffer, uint64_t bytes, std::shared_ptr<T> owner) {
   return nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(buffer, {bytes}, capsule));
 }
 
-class Engine {
- public:
-  // params: (name, array, group index) each; groups: torch-style dicts.
-  Engine(const std::string& config_json,
-         const std::vector<std::tuple<std::string, AnyArray, int>>& params,
-         const std::vector<nb::dict>& groups) {
-    config_ = ParseConfigText(config_json);
-    if (params.empty()) Fail(StatusCode::kInvalidArgument, "engine: no parameters given");
-    const bool cuda = std::get<1>(params.front()).device_type() == nb::device::cuda::value;
+using Params = std::vector<std::tuple<std::string, AnyArray, int>>;
+
+// What Engine and Zero keep of the parameters they were given: each one's size and dtype (what
+// is handed over later is checked against them), and the arrays the optimizer writes into.
+class Registered {
+ protected:
+  // The specs of `params` (each array checked: on cuda or in host memory, as `cuda` says),
+  // remembered; `hold`: the optimizer writes into the arrays, which then live as long as this.
+  std::vector<ParameterSpec> Register(const Params& params, bool cuda, bool hold) {
     std::vector<ParameterSpec> specs;
     for (const auto& [name, array, group] : params) {
-      const std::string what = "parameter '" + name + "'";
       ParameterSpec s;
       s.name = name;
-      s.dtype = CheckArray(array, what, cuda);
+      s.dtype = CheckArray(array, "parameter '" + name + "'", cuda);
       s.data = array.data();
       s.elements = array.size();
       for (size_t d = 0; d < array.ndim(); ++d) s.shape.push_back(array.shape(d));
       s.group = group;
       elements_.emplace(name, std::make_pair(array.size(), s.dtype));
       specs.push_back(std::move(s));
-      held_.push_back(array);
+      if (hold) held_.push_back(array);
     }
+    return specs;
+  }
+  std::pair<uint64_t, DType> Lookup(const std::string& name, const std::string& who) const {
+    auto it = elements_.find(name);
+    if (it == elements_.end()) Fail(StatusCode::kNotFound, who + ": no parameter '" + name + "'");
+    return it->second;
+  }
+
+ private:
+  std::unordered_map<std::string, std::pair<uint64_t, DType>> elements_;
+  std::vector<AnyArray> held_;
+};
+
+class Engine : Registered {
+ public:
+  // params: (name, array, group index) each; groups: torch-style dicts.
+  Engine(const std::string& config_json, const Params& params,
+         const std::vector<nb::dict>& groups) {
+    config_ = ParseConfigText(config_json);
+    if (params.empty()) Fail(StatusCode::kInvalidArgument, "engine: no parameters given");
+    const bool cuda = std::get<1>(params.front()).device_type() == nb::device::cuda::value;
+    std::vector<ParameterSpec> specs = Register(params, cuda, true);
     EngineOptions options;
     options.host_params = !cuda;
     options.require_gpu = cuda;
@@ -464,9 +485,7 @@ class Engine {
 
  private:
   std::pair<uint64_t, DType> Lookup(const std::string& name) const {
-    auto it = elements_.find(name);
-    if (it == elements_.end()) Fail(StatusCode::kNotFound, "engine: no parameter '" + name + "'");
-    return it->second;
+    return Registered::Lookup(name, "engine");
   }
   OffloadEngine& Live() {
     if (engine_ == nullptr) Fail(StatusCode::kFailedPrecondition, "engine: closed");
@@ -475,43 +494,27 @@ class Engine {
 
   Config config_;
   bool cuda_ = false;
-  // Sizes the state and gradient buffers.
-  std::unordered_map<std::string, std::pair<uint64_t, DType>> elements_;
-  // The parameters' arrays: the engine writes into them, so they live as long as this does.
-  std::vector<AnyArray> held_;
   std::shared_ptr<OffloadEngine> engine_;  // shared with gradient_buffer's arrays
 };
 
 // One rank's ZeRO stage 1-3 optimizer (include/zoffload/zero.h; host parameters);
 // zoffload.torch makes it under torch.distributed.
-class Zero {
+class Zero : Registered {
  public:
-  Zero(const std::string& config_json,
-       const std::vector<std::tuple<std::string, AnyArray, int>>& params,
-       const std::vector<nb::dict>& groups, const std::string& run, int rank, int world,
-       const std::string& nccl_id, int device) {
+  Zero(const std::string& config_json, const Params& params, const std::vector<nb::dict>& groups,
+       const std::string& run, int rank, int world, const std::string& nccl_id, int device) {
     const Config config = ParseConfigText(config_json);
     if (params.empty()) Fail(StatusCode::kInvalidArgument, "ZeRO: no parameters given");
-    std::vector<ParameterSpec> specs;
     for (const auto& [name, array, group] : params) {
-      const std::string what = "parameter '" + name + "'";
       if (array.device_type() == nb::device::cuda::value) {
         Fail(StatusCode::kUnimplemented,
-             what +
-                 " is on cuda: Zero takes host (cpu) arrays; zoffload.torch hands GPU "
+             "parameter '" + name +
+                 "' is on cuda: Zero takes host (cpu) arrays; zoffload.torch hands GPU "
                  "parameters over through host memory");
       }
-      ParameterSpec s;
-      s.name = name;
-      s.dtype = CheckArray(array, what, false);
-      s.data = array.data();
-      s.elements = array.size();
-      s.group = group;
-      for (size_t d = 0; d < array.ndim(); ++d) s.shape.push_back(array.shape(d));
-      elements_.emplace(name, std::make_pair(array.size(), s.dtype));
-      specs.push_back(std::move(s));
-      if (config.zero_optimization.stage < 3) held_.push_back(array);  // stage 3 reads them once
     }
+    // Stages 1-2: step() writes into the arrays; stage 3 reads them once.
+    std::vector<ParameterSpec> specs = Register(params, false, config.zero_optimization.stage < 3);
     ZeroOptions options;
     const ParamGroup base = ParamGroup::FromConfig(config.optimizer);
     for (const nb::dict& g : groups) options.groups.push_back(GroupFrom(g, base));
@@ -615,17 +618,13 @@ class Zero {
 
  private:
   std::pair<uint64_t, DType> Lookup(const std::string& name) const {
-    auto it = elements_.find(name);
-    if (it == elements_.end()) Fail(StatusCode::kNotFound, "ZeRO: no parameter '" + name + "'");
-    return it->second;
+    return Registered::Lookup(name, "ZeRO");
   }
   ZeroOptimizer& Live() {
     if (zero_ == nullptr) Fail(StatusCode::kFailedPrecondition, "ZeRO: closed");
     return *zero_;
   }
 
-  std::unordered_map<std::string, std::pair<uint64_t, DType>> elements_;
-  std::vector<AnyArray> held_;           // as Engine's (stages 1-2: step() writes into them)
   std::shared_ptr<ZeroOptimizer> zero_;  // shared with gradient_buffer's arrays
 };
 
