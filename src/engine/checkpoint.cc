@@ -18,7 +18,6 @@
 #include "common/pid_lock.h"
 #include "common/strings.h"
 #include "common/unique_fd.h"
-#include "engine/param_math.h"
 #include "swap/crc32c.h"
 
 namespace zoffload::internal {
@@ -310,10 +309,10 @@ Result<CheckpointMeta> ParseCheckpointManifest(std::string_view text, const std:
     }
     group.beta1 = g["betas"][0].get<double>();
     group.beta2 = g["betas"][1].get<double>();
-    if (const Status checked = CheckGroup(
-            group, StrCat("group ", meta.groups.size(), " has hyperparameters no optimizer takes"));
-        !checked.ok()) {
-      return bad(StrCat(checked.message(), " (", g.dump(), ")"));
+    if (const std::vector<std::string> problems = HyperparameterProblems(group);
+        !problems.empty()) {
+      return bad(StrCat("group ", meta.groups.size(), " has hyperparameters no optimizer takes: ",
+                        FirstFew(problems, "; "), " (", g.dump(), ")"));
     }
     meta.groups.push_back(group);
   }

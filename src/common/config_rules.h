@@ -1,0 +1,19 @@
+// The config's cross-field rules, shared by the parser (config.cc) and ValidateConfig
+// (config_rules.cc).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "zoffload/config.h"
+#include "zoffload/status.h"
+
+namespace zoffload::internal {
+
+/// Appends each problem of `config` beyond its keys' types ("json.path: what is wrong") to
+/// `errors`, for `world_size` ranks; resolves the batch sizes and normalizes nvme_paths.
+void CheckConfigRules(Config& config, int world_size, std::vector<std::string>* errors);
+/// OK without errors; else INVALID_ARGUMENT listing them, one per line, prefixed by `source`.
+Status ConfigErrors(const std::vector<std::string>& errors, const std::string& source);
+
+}  // namespace zoffload::internal
