@@ -242,138 +242,177 @@ Result<CheckpointMeta> ReadCheckpointMeta(const std::string& dir, std::string* f
   return meta;
 }
 
-Result<CheckpointMeta> ParseCheckpointManifest(std::string_view text, const std::string& path) {
-  ZO_ASSIGN_OR_RETURN(const nlohmann::json j, ParseJson(text, path, StatusCode::kDataLoss));
-  auto bad = [&path](const std::string& what) {
-    return DataLossError(StrCat("checkpoint: ", path, ": ", what));
-  };
-  if (!j.is_object()) return bad("not a JSON object");
-  if (FieldOf<std::string>(j, "format") != "zoffload-checkpoint") {
-    return bad("not a zoffload checkpoint");
+namespace {
+
+// Reads a manifest's fields, each checked for its type and range: a manifest is data from disk.
+class ManifestReader {
+ public:
+  explicit ManifestReader(const std::string& path) : path_(path) {}
+  Status Bad(const std::string& what) const {
+    return DataLossError(StrCat("checkpoint: ", path_, ": ", what));
   }
-  const auto version = FieldOf<int64_t>(j, "version");
-  if (version != 1 && version != kVersion) {
-    return bad(StrCat("format version ", j.contains("version") ? j["version"].dump() : "missing",
-                      "; this build reads versions 1 to ", kVersion));
-  }
-  if (version == kVersion) {
-    const auto crc = FieldOf<uint64_t>(j, "manifest_crc32c");
-    if (!crc) return bad("'manifest_crc32c' missing: the manifest cannot be checked");
-    if (*crc != ManifestCrc(j)) {
-      return bad(StrCat("the manifest fails its checksum (CRC32C ", ManifestCrc(j), ", it says ",
-                        *crc, "): it was edited or damaged"));
-    }
-  }
-  // Every field, checked for its type and range: a manifest is data from disk.
-  auto field = [&bad]<typename T>(const nlohmann::json& o, const char* key, T* out,
-                                  const char* what) -> Status {
+  template <typename T>
+  Status Field(const nlohmann::json& o, const char* key, T* out, const char* what) const {
     std::optional<T> v = FieldOf<T>(o, key);
-    if (!v) return bad(StrCat("'", key, "' missing or not ", what));
+    if (!v) return Bad(StrCat("'", key, "' missing or not ", what));
     *out = *v;
     return Status::Ok();
-  };
+  }
+
+  // The format, version and checksum; the steps, loss scale, precision and fingerprint.
+  Status Header(const nlohmann::json& j, CheckpointMeta* meta, StatePrecision* precision) const {
+    if (!j.is_object()) return Bad("not a JSON object");
+    if (FieldOf<std::string>(j, "format") != "zoffload-checkpoint") {
+      return Bad("not a zoffload checkpoint");
+    }
+    const auto version = FieldOf<int64_t>(j, "version");
+    if (version != 1 && version != kVersion) {
+      return Bad(StrCat("format version ", j.contains("version") ? j["version"].dump() : "missing",
+                        "; this build reads versions 1 to ", kVersion));
+    }
+    if (version == kVersion) {
+      const auto crc = FieldOf<uint64_t>(j, "manifest_crc32c");
+      if (!crc) return Bad("'manifest_crc32c' missing: the manifest cannot be checked");
+      if (*crc != ManifestCrc(j)) {
+        return Bad(StrCat("the manifest fails its checksum (CRC32C ", ManifestCrc(j), ", it says ",
+                          *crc, "): it was edited or damaged"));
+      }
+    }
+    ZO_RETURN_IF_ERROR(Field(j, "steps", &meta->steps, "an integer"));
+    if (meta->steps < 0) return Bad(StrCat("'steps' is ", meta->steps));
+    const nlohmann::json& ls = j.contains("loss_scale") ? j["loss_scale"] : nlohmann::json();
+    double scale = 0;
+    int64_t overflows = 0, good_steps = 0;
+    ZO_RETURN_IF_ERROR(Field(ls, "scale", &scale, "a number"));
+    ZO_RETURN_IF_ERROR(Field(ls, "overflows", &overflows, "an integer"));
+    ZO_RETURN_IF_ERROR(Field(ls, "good_steps", &good_steps, "an integer"));
+    if (!(scale > 0 && scale <= std::numeric_limits<float>::max()) || overflows < 0 ||
+        good_steps < 0 || overflows > INT32_MAX || good_steps > INT32_MAX) {
+      return Bad(StrCat("'loss_scale' ", ls.dump(), " is out of range"));
+    }
+    meta->loss_scale = static_cast<float>(scale);
+    meta->overflows = static_cast<int>(overflows);
+    meta->good_steps = static_cast<int>(good_steps);
+    ZO_RETURN_IF_ERROR(Field(j, "optimizer_state", &meta->precision, "a string"));
+    bool known = false;
+    for (StatePrecision p : {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+      if (ToString(p) == meta->precision) *precision = p, known = true;
+    }
+    if (!known) return Bad(StrCat("unknown optimizer_state '", meta->precision, "'"));
+    return Field(j, "config_fingerprint", &meta->fingerprint, "a string");
+  }
+
+  Status Groups(const nlohmann::json& j, CheckpointMeta* meta) const {
+    if (!j.contains("groups") || !j["groups"].is_array() || j["groups"].empty()) {
+      return Bad("'groups' missing or empty");
+    }
+    for (const auto& g : j["groups"]) {
+      ParamGroup group;
+      ZO_RETURN_IF_ERROR(Field(g, "lr", &group.lr, "a number"));
+      ZO_RETURN_IF_ERROR(Field(g, "eps", &group.eps, "a number"));
+      ZO_RETURN_IF_ERROR(Field(g, "weight_decay", &group.weight_decay, "a number"));
+      if (!g.contains("betas") || !g["betas"].is_array() || g["betas"].size() != 2 ||
+          !g["betas"][0].is_number() || !g["betas"][1].is_number()) {
+        return Bad("a group's 'betas' is not two numbers");
+      }
+      group.beta1 = g["betas"][0].get<double>();
+      group.beta2 = g["betas"][1].get<double>();
+      if (const std::vector<std::string> problems = HyperparameterProblems(group);
+          !problems.empty()) {
+        return Bad(StrCat("group ", meta->groups.size(),
+                          " has hyperparameters no optimizer takes: ", FirstFew(problems, "; "),
+                          " (", g.dump(), ")"));
+      }
+      meta->groups.push_back(group);
+    }
+    return Status::Ok();
+  }
+
+  // Entry `p`, whose name is not among `names` (added) and whose bytes in state.bin start at
+  // `*end` (moved past them).
+  Status Entry(const nlohmann::json& p, const CheckpointMeta& meta, StatePrecision precision,
+               std::set<std::string>* names, uint64_t* end, CheckpointEntry* e) const {
+    ZO_RETURN_IF_ERROR(Field(p, "name", &e->name, "a string"));
+    if (e->name.empty() || !names->insert(e->name).second) {
+      return Bad(StrCat("parameter name '", e->name, "' is empty or listed twice"));
+    }
+    ZO_RETURN_IF_ERROR(Field(p, "elements", &e->elements, "a count"));
+    if (e->elements == 0 || e->elements > kMaxElements) {
+      return Bad(StrCat("'", e->name, "': ", e->elements, " elements"));
+    }
+    ZO_RETURN_IF_ERROR(Shape(p, e));
+    std::string dtype;
+    ZO_RETURN_IF_ERROR(Field(p, "dtype", &dtype, "a string"));
+    auto parsed = DTypeNamed(dtype);
+    if (!parsed.ok()) return Bad(StrCat("'", e->name, "': ", parsed.status().message()));
+    e->dtype = *parsed;
+    int64_t group = 0;
+    ZO_RETURN_IF_ERROR(Field(p, "group", &group, "an integer"));
+    if (group < 0 || group >= static_cast<int64_t>(meta.groups.size())) {
+      return Bad(StrCat("'", e->name, "': group ", group, " of ", meta.groups.size()));
+    }
+    e->group = static_cast<int>(group);
+    ZO_RETURN_IF_ERROR(Field(p, "moment_bytes", &e->moment_bytes, "a count"));
+    if (e->moment_bytes != AdamMomentBytes(precision, e->elements)) {
+      return Bad(StrCat("'", e->name, "': ", e->moment_bytes, " bytes a moment; ", e->elements, " ",
+                        meta.precision, " elements take ",
+                        AdamMomentBytes(precision, e->elements)));
+    }
+    ZO_RETURN_IF_ERROR(Field(p, "offset", &e->offset, "a count"));
+    if (e->offset != *end) {
+      return Bad(
+          StrCat("'", e->name, "': offset ", e->offset, "; the entry before it ends at ", *end));
+    }
+    if (__builtin_add_overflow(*end, e->bytes(), end)) return Bad("the entries' sizes overflow");
+    uint64_t crc = 0;
+    ZO_RETURN_IF_ERROR(Field(p, "crc32c", &crc, "a count"));
+    if (crc > UINT32_MAX) return Bad(StrCat("'", e->name, "': crc32c ", crc, " is not 32 bits"));
+    e->crc = static_cast<uint32_t>(crc);
+    return Status::Ok();
+  }
+
+ private:
+  // The shape (absent in checkpoints written before it was kept: flat).
+  Status Shape(const nlohmann::json& p, CheckpointEntry* e) const {
+    e->shape = {e->elements};
+    if (!p.contains("shape")) return Status::Ok();
+    uint64_t product = 1;
+    if (!p["shape"].is_array() || p["shape"].size() > 64) {
+      return Bad(StrCat("'", e->name, "': 'shape' is not an array of sizes"));
+    }
+    e->shape.clear();
+    for (const auto& d : p["shape"]) {
+      if (!d.is_number_unsigned()) return Bad(StrCat("'", e->name, "': 'shape' is not sizes"));
+      e->shape.push_back(d.get<uint64_t>());
+      if (__builtin_mul_overflow(product, e->shape.back(), &product)) product = 0;
+    }
+    if (product != e->elements) {
+      return Bad(StrCat("'", e->name, "': 'shape' ", p["shape"].dump(), " does not hold ",
+                        e->elements, " elements"));
+    }
+    return Status::Ok();
+  }
+
+  const std::string& path_;
+};
+
+}  // namespace
+
+Result<CheckpointMeta> ParseCheckpointManifest(std::string_view text, const std::string& path) {
+  ZO_ASSIGN_OR_RETURN(const nlohmann::json j, ParseJson(text, path, StatusCode::kDataLoss));
+  const ManifestReader reader(path);
   CheckpointMeta meta;
-  ZO_RETURN_IF_ERROR(field(j, "steps", &meta.steps, "an integer"));
-  if (meta.steps < 0) return bad(StrCat("'steps' is ", meta.steps));
-  const nlohmann::json& ls = j.contains("loss_scale") ? j["loss_scale"] : nlohmann::json();
-  double scale = 0;
-  int64_t overflows = 0, good_steps = 0;
-  ZO_RETURN_IF_ERROR(field(ls, "scale", &scale, "a number"));
-  ZO_RETURN_IF_ERROR(field(ls, "overflows", &overflows, "an integer"));
-  ZO_RETURN_IF_ERROR(field(ls, "good_steps", &good_steps, "an integer"));
-  if (!(scale > 0 && scale <= std::numeric_limits<float>::max()) || overflows < 0 ||
-      good_steps < 0 || overflows > INT32_MAX || good_steps > INT32_MAX) {
-    return bad(StrCat("'loss_scale' ", ls.dump(), " is out of range"));
+  StatePrecision precision = StatePrecision::kFp32;
+  ZO_RETURN_IF_ERROR(reader.Header(j, &meta, &precision));
+  ZO_RETURN_IF_ERROR(reader.Groups(j, &meta));
+  if (!j.contains("parameters") || !j["parameters"].is_array()) {
+    return reader.Bad("'parameters' missing");
   }
-  meta.loss_scale = static_cast<float>(scale);
-  meta.overflows = static_cast<int>(overflows);
-  meta.good_steps = static_cast<int>(good_steps);
-  ZO_RETURN_IF_ERROR(field(j, "optimizer_state", &meta.precision, "a string"));
-  std::optional<StatePrecision> precision;
-  for (StatePrecision p : {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
-    if (ToString(p) == meta.precision) precision = p;
-  }
-  if (!precision) return bad(StrCat("unknown optimizer_state '", meta.precision, "'"));
-  ZO_RETURN_IF_ERROR(field(j, "config_fingerprint", &meta.fingerprint, "a string"));
-  if (!j.contains("groups") || !j["groups"].is_array() || j["groups"].empty()) {
-    return bad("'groups' missing or empty");
-  }
-  for (const auto& g : j["groups"]) {
-    ParamGroup group;
-    ZO_RETURN_IF_ERROR(field(g, "lr", &group.lr, "a number"));
-    ZO_RETURN_IF_ERROR(field(g, "eps", &group.eps, "a number"));
-    ZO_RETURN_IF_ERROR(field(g, "weight_decay", &group.weight_decay, "a number"));
-    if (!g.contains("betas") || !g["betas"].is_array() || g["betas"].size() != 2 ||
-        !g["betas"][0].is_number() || !g["betas"][1].is_number()) {
-      return bad("a group's 'betas' is not two numbers");
-    }
-    group.beta1 = g["betas"][0].get<double>();
-    group.beta2 = g["betas"][1].get<double>();
-    if (const std::vector<std::string> problems = HyperparameterProblems(group);
-        !problems.empty()) {
-      return bad(StrCat("group ", meta.groups.size(), " has hyperparameters no optimizer takes: ",
-                        FirstFew(problems, "; "), " (", g.dump(), ")"));
-    }
-    meta.groups.push_back(group);
-  }
-  if (!j.contains("parameters") || !j["parameters"].is_array()) return bad("'parameters' missing");
   std::set<std::string> names;
   uint64_t end = 0;  // of the entries so far in state.bin: each follows the last
   for (const auto& p : j["parameters"]) {
     CheckpointEntry e;
-    std::string dtype;
-    int64_t group = 0;
-    ZO_RETURN_IF_ERROR(field(p, "name", &e.name, "a string"));
-    if (e.name.empty() || !names.insert(e.name).second) {
-      return bad(StrCat("parameter name '", e.name, "' is empty or listed twice"));
-    }
-    ZO_RETURN_IF_ERROR(field(p, "elements", &e.elements, "a count"));
-    if (e.elements == 0 || e.elements > kMaxElements) {
-      return bad(StrCat("'", e.name, "': ", e.elements, " elements"));
-    }
-    // The shape (absent in checkpoints written before it was kept: flat).
-    e.shape = {e.elements};
-    if (p.contains("shape")) {
-      uint64_t product = 1;
-      if (!p["shape"].is_array() || p["shape"].size() > 64) {
-        return bad(StrCat("'", e.name, "': 'shape' is not an array of sizes"));
-      }
-      e.shape.clear();
-      for (const auto& d : p["shape"]) {
-        if (!d.is_number_unsigned()) return bad(StrCat("'", e.name, "': 'shape' is not sizes"));
-        e.shape.push_back(d.get<uint64_t>());
-        if (__builtin_mul_overflow(product, e.shape.back(), &product)) product = 0;
-      }
-      if (product != e.elements) {
-        return bad(StrCat("'", e.name, "': 'shape' ", p["shape"].dump(), " does not hold ",
-                          e.elements, " elements"));
-      }
-    }
-    ZO_RETURN_IF_ERROR(field(p, "dtype", &dtype, "a string"));
-    auto parsed = DTypeNamed(dtype);
-    if (!parsed.ok()) return bad(StrCat("'", e.name, "': ", parsed.status().message()));
-    e.dtype = *parsed;
-    ZO_RETURN_IF_ERROR(field(p, "group", &group, "an integer"));
-    if (group < 0 || group >= static_cast<int64_t>(meta.groups.size())) {
-      return bad(StrCat("'", e.name, "': group ", group, " of ", meta.groups.size()));
-    }
-    e.group = static_cast<int>(group);
-    ZO_RETURN_IF_ERROR(field(p, "moment_bytes", &e.moment_bytes, "a count"));
-    if (e.moment_bytes != AdamMomentBytes(*precision, e.elements)) {
-      return bad(StrCat("'", e.name, "': ", e.moment_bytes, " bytes a moment; ", e.elements, " ",
-                        meta.precision, " elements take ",
-                        AdamMomentBytes(*precision, e.elements)));
-    }
-    ZO_RETURN_IF_ERROR(field(p, "offset", &e.offset, "a count"));
-    if (e.offset != end) {
-      return bad(
-          StrCat("'", e.name, "': offset ", e.offset, "; the entry before it ends at ", end));
-    }
-    if (__builtin_add_overflow(end, e.bytes(), &end)) return bad("the entries' sizes overflow");
-    uint64_t crc = 0;
-    ZO_RETURN_IF_ERROR(field(p, "crc32c", &crc, "a count"));
-    if (crc > UINT32_MAX) return bad(StrCat("'", e.name, "': crc32c ", crc, " is not 32 bits"));
-    e.crc = static_cast<uint32_t>(crc);
+    ZO_RETURN_IF_ERROR(reader.Entry(p, meta, precision, &names, &end, &e));
     meta.entries.push_back(std::move(e));
   }
   return meta;
