@@ -122,48 +122,33 @@ Result<DType> DTypeNamed(const std::string& name) {
 
 }  // namespace
 
-Status WriteCheckpoint(const std::string& dir, CheckpointMeta meta, const ReadEntry& read) {
-  if (dir.empty()) return InvalidArgumentError("checkpoint: no directory given");
-  const std::string target = NormalDirectory(dir);
-  const std::string parent = ParentOf(target);
-  if (!Exists(parent)) {
-    return NotFoundError(
-        StrCat("checkpoint: the directory ", parent, " (of ", dir, ") does not exist"));
+namespace {
+
+// state.bin at `path`: entry after entry (each one's offset and CRC32C set in `meta`), one
+// entry's arrays in memory at a time; synced.
+Status WriteState(const std::string& path, CheckpointMeta* meta, const ReadEntry& read) {
+  ZO_ASSIGN_OR_RETURN(UniqueFd fd, UniqueFd::Open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  uint64_t offset = 0, largest = 0;
+  for (const CheckpointEntry& e : meta->entries) largest = std::max(largest, e.bytes());
+  ZO_ASSIGN_OR_RETURN(AlignedBuffer buffer,
+                      AlignedBuffer::Allocate(std::max<uint64_t>(largest, 64), 64));
+  for (size_t i = 0; i < meta->entries.size(); ++i) {
+    CheckpointEntry& e = meta->entries[i];
+    auto* master = buffer.as<float>();
+    std::byte* m = buffer.data() + 4 * e.elements;
+    Status s = read(i, master, m, m + e.moment_bytes);
+    if (s.ok()) s = WriteAll(fd.get(), buffer.data(), e.bytes(), path);
+    ZO_RETURN_IF_ERROR(s.WithContext(StrCat("checkpoint: saving '", e.name, "'")));
+    e.offset = offset;
+    e.crc = Crc32c(buffer.data(), e.bytes());
+    offset += e.bytes();
   }
-  const std::string tmp = StrCat(target, ".tmp-", ::getpid());
-  const std::string prev = target + ".prev";
-  // Before anything is written: what the save would replace must be zoffload's.
-  for (const std::string& path : {target, prev, tmp}) ZO_RETURN_IF_ERROR(RefuseForeign(path, dir));
-  ZO_RETURN_IF_ERROR(RemoveTree(tmp));
-  ZO_RETURN_IF_ERROR(RemoveAbandonedSaves(target));
-  if (::mkdir(tmp.c_str(), 0755) != 0) return StatusFromErrno(errno, StrCat("mkdir ", tmp));
-  auto fail = [&tmp](Status s) {
-    RemoveTree(tmp).IgnoreError();
-    return s;
-  };
-  // state.bin: entry after entry, one entry's arrays in memory at a time.
-  {
-    const std::string path = StrCat(tmp, "/", kState);
-    auto fd = UniqueFd::Open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (!fd.ok()) return fail(fd.status());
-    uint64_t offset = 0, largest = 0;
-    for (const CheckpointEntry& e : meta.entries) largest = std::max(largest, e.bytes());
-    auto buffer = AlignedBuffer::Allocate(std::max<uint64_t>(largest, 64), 64);
-    if (!buffer.ok()) return fail(buffer.status());
-    for (size_t i = 0; i < meta.entries.size(); ++i) {
-      CheckpointEntry& e = meta.entries[i];
-      auto* master = buffer->as<float>();
-      std::byte* m = buffer->data() + 4 * e.elements;
-      Status s = read(i, master, m, m + e.moment_bytes);
-      if (s.ok()) s = WriteAll(fd->get(), buffer->data(), e.bytes(), path);
-      if (!s.ok()) return fail(s.WithContext(StrCat("checkpoint: saving '", e.name, "'")));
-      e.offset = offset;
-      e.crc = Crc32c(buffer->data(), e.bytes());
-      offset += e.bytes();
-    }
-    if (::fsync(fd->get()) != 0) return fail(StatusFromErrno(errno, StrCat("fsync ", path)));
-    if (Status s = fd->Close(); !s.ok()) return fail(s);
-  }
+  if (::fsync(fd.get()) != 0) return StatusFromErrno(errno, StrCat("fsync ", path));
+  return fd.Close();
+}
+
+// manifest.json's text for `meta`, its own checksum included.
+std::string ManifestText(const CheckpointMeta& meta) {
   nlohmann::ordered_json j;
   j["format"] = "zoffload-checkpoint";
   j["version"] = kVersion;
@@ -190,16 +175,41 @@ Status WriteCheckpoint(const std::string& dir, CheckpointMeta meta, const ReadEn
                                {"crc32c", e.crc}});
   }
   j["manifest_crc32c"] = ManifestCrc(nlohmann::json::parse(j.dump()));
-  {
-    const std::string path = StrCat(tmp, "/", kManifest);
-    const std::string text = j.dump(1) + "\n";
-    auto fd = UniqueFd::Open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (!fd.ok()) return fail(fd.status());
-    Status s = WriteAll(fd->get(), text.data(), text.size(), path);
-    if (s.ok() && ::fsync(fd->get()) != 0) s = StatusFromErrno(errno, StrCat("fsync ", path));
-    if (s.ok()) s = fd->Close();
-    if (!s.ok()) return fail(s);
+  return j.dump(1) + "\n";
+}
+
+// `text` into a new file at `path`, synced.
+Status WriteDurably(const std::string& path, const std::string& text) {
+  ZO_ASSIGN_OR_RETURN(UniqueFd fd, UniqueFd::Open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  ZO_RETURN_IF_ERROR(WriteAll(fd.get(), text.data(), text.size(), path));
+  if (::fsync(fd.get()) != 0) return StatusFromErrno(errno, StrCat("fsync ", path));
+  return fd.Close();
+}
+
+}  // namespace
+
+Status WriteCheckpoint(const std::string& dir, CheckpointMeta meta, const ReadEntry& read) {
+  if (dir.empty()) return InvalidArgumentError("checkpoint: no directory given");
+  const std::string target = NormalDirectory(dir);
+  const std::string parent = ParentOf(target);
+  if (!Exists(parent)) {
+    return NotFoundError(
+        StrCat("checkpoint: the directory ", parent, " (of ", dir, ") does not exist"));
   }
+  const std::string tmp = StrCat(target, ".tmp-", ::getpid());
+  const std::string prev = target + ".prev";
+  // Before anything is written: what the save would replace must be zoffload's.
+  for (const std::string& path : {target, prev, tmp}) ZO_RETURN_IF_ERROR(RefuseForeign(path, dir));
+  ZO_RETURN_IF_ERROR(RemoveTree(tmp));
+  ZO_RETURN_IF_ERROR(RemoveAbandonedSaves(target));
+  if (::mkdir(tmp.c_str(), 0755) != 0) return StatusFromErrno(errno, StrCat("mkdir ", tmp));
+  auto fail = [&tmp](Status s) {
+    RemoveTree(tmp).IgnoreError();
+    return s;
+  };
+  if (Status s = WriteState(StrCat(tmp, "/", kState), &meta, read); !s.ok()) return fail(s);
+  const std::string manifest = StrCat(tmp, "/", kManifest);
+  if (Status s = WriteDurably(manifest, ManifestText(meta)); !s.ok()) return fail(s);
   if (Status s = FsyncDirectory(tmp); !s.ok()) return fail(s);
   // Swap it in: the old checkpoint steps aside as DIR.prev until the new one is in place.
   if (Exists(target)) {
