@@ -244,13 +244,19 @@ nb::dict StatsDict(const EngineStepStats& s) {
   return d;
 }
 
-// The engine's and ZeRO's config: parse_config's normalized text (every key written out, the
-// unused ones warned about when the user's config was parsed).
-Config ParseConfigText(const std::string& json) {
-  ParseOptions options;
-  options.warn_unused = false;
-  return Unwrap(ParseConfig(json, options), /*from_config=*/true);
-}
+// A config parsed once (zoffload.torch builds its optimizer from it and reads its fields from
+// `json`, the normalized text).
+struct ParsedConfig {
+  Config config;
+  std::string json;  // every key written out
+  static ParsedConfig Parse(const std::string& text, bool warn_unused) {
+    ParseOptions options;
+    options.warn_unused = warn_unused;
+    ParsedConfig parsed{Unwrap(ParseConfig(text, options), /*from_config=*/true), ""};
+    parsed.json = SerializeConfig(parsed.config);
+    return parsed;
+  }
+};
 
 // `bytes` of an optimizer's own memory at `buffer` as a uint8 array, or None for null. The
 // array shares the optimizer's ownership: after close() it still points at live memory, which
@@ -301,9 +307,12 @@ class Registered {
 class Engine : Registered {
  public:
   // params: (name, array, group index) each; groups: torch-style dicts.
-  Engine(const std::string& config_json, const Params& params,
-         const std::vector<nb::dict>& groups) {
-    config_ = ParseConfigText(config_json);
+  // From load_config's normalized text (the unused keys were warned about when the user's
+  // config was parsed).
+  Engine(const std::string& config_json, const Params& params, const std::vector<nb::dict>& groups)
+      : Engine(ParsedConfig::Parse(config_json, false), params, groups) {}
+  Engine(const ParsedConfig& parsed, const Params& params, const std::vector<nb::dict>& groups) {
+    config_ = parsed.config;
     if (params.empty()) Fail(StatusCode::kInvalidArgument, "engine: no parameters given");
     const bool cuda = std::get<1>(params.front()).device_type() == nb::device::cuda::value;
     std::vector<ParameterSpec> specs = Register(params, cuda, true);
@@ -501,9 +510,9 @@ class Engine : Registered {
 // zoffload.torch makes it under torch.distributed.
 class Zero : Registered {
  public:
-  Zero(const std::string& config_json, const Params& params, const std::vector<nb::dict>& groups,
+  Zero(const ParsedConfig& parsed, const Params& params, const std::vector<nb::dict>& groups,
        const std::string& run, int rank, int world, const std::string& nccl_id, int device) {
-    const Config config = ParseConfigText(config_json);
+    const Config& config = parsed.config;
     if (params.empty()) Fail(StatusCode::kInvalidArgument, "ZeRO: no parameters given");
     for (const auto& [name, array, group] : params) {
       if (array.device_type() == nb::device::cuda::value) {
@@ -641,11 +650,17 @@ void DefineModule(nb::module_& m) {
       "A config's JSON as the C++ parser reads it (is_file: source is a path, read only if it "
       "is a regular file of at most 16 MiB; else the JSON text): strict (duplicate keys, "
       "nesting, numbers that would change), returned as compact JSON text.");
+  nb::class_<ParsedConfig>(m, "ParsedConfig",
+                           "A config parsed and validated once (parse_config_object), for "
+                           "Engine and Zero.")
+      .def_ro("json", &ParsedConfig::json, "The config normalized, every field filled.");
   m.def(
-      "parse_config",
-      [](const std::string& json) {
-        return SerializeConfig(Unwrap(ParseConfig(json), /*from_config=*/true));
-      },
+      "parse_config_object",
+      [](const std::string& json) { return ParsedConfig::Parse(json, true); }, nb::arg("json"),
+      "Parses and validates a config (JSON text) once. Raises ConfigError naming the JSON path "
+      "at fault.");
+  m.def(
+      "parse_config", [](const std::string& json) { return ParsedConfig::Parse(json, true).json; },
       nb::arg("json"),
       "Parses and validates a config (JSON text); returns it normalized, every field filled.\n"
       "Raises ConfigError naming the JSON path at fault.");
@@ -665,8 +680,10 @@ void DefineModule(nb::module_& m) {
   nb::class_<Engine>(m, "Engine",
                      "The OffloadEngine: fp32 masters and Adam state off the GPU, updated on "
                      "the CPU from gradients handed over as they are produced.")
-      .def(nb::init<const std::string&, const std::vector<std::tuple<std::string, AnyArray, int>>&,
-                    const std::vector<nb::dict>&>(),
+      .def(nb::init<const ParsedConfig&, const Params&, const std::vector<nb::dict>&>(),
+           nb::arg("config"), nb::arg("params"), nb::arg("groups"),
+           "As below, from a config parsed once (parse_config_object).")
+      .def(nb::init<const std::string&, const Params&, const std::vector<nb::dict>&>(),
            nb::arg("config_json"), nb::arg("params"), nb::arg("groups"),
            "params: (name, array, group index) each, all on cuda (GPU mode) or all on cpu (host "
            "mode), contiguous float32/bfloat16/float16; groups: dicts with lr, betas, eps, "
@@ -735,11 +752,10 @@ void DefineModule(nb::module_& m) {
                    "this rank's partition of the optimizer state (and at stage 3 of the "
                    "parameters), gradients reduce-scattered, parameters all-gathered. Every "
                    "rank makes the same calls in the same order.")
-      .def(nb::init<const std::string&, const std::vector<std::tuple<std::string, AnyArray, int>>&,
-                    const std::vector<nb::dict>&, const std::string&, int, int, const std::string&,
-                    int>(),
-           nb::arg("config_json"), nb::arg("params"), nb::arg("groups"), nb::arg("run"),
-           nb::arg("rank"), nb::arg("world"), nb::arg("nccl_id") = "", nb::arg("device") = 0,
+      .def(nb::init<const ParsedConfig&, const Params&, const std::vector<nb::dict>&,
+                    const std::string&, int, int, const std::string&, int>(),
+           nb::arg("config"), nb::arg("params"), nb::arg("groups"), nb::arg("run"), nb::arg("rank"),
+           nb::arg("world"), nb::arg("nccl_id") = "", nb::arg("device") = 0,
            "params: (name, cpu array, group index) each, one dtype for all; at stages 1-2 the "
            "arrays are updated in place by step() and must stay alive, at stage 3 they are read "
            "here only. run: the run's name, the same on every rank and unique per run (letters, "

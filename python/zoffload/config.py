@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any, Mapping, Union
 
-from ._zoffload import ConfigError, parse_config, read_config_json
+from ._zoffload import ConfigError, ParsedConfig, parse_config_object, read_config_json
 
 ConfigSource = Union[str, "os.PathLike[str]", Mapping[str, Any], None]
 
@@ -76,6 +76,12 @@ def load_config(source: ConfigSource = None, **known: Any) -> str:
     bf16. Raises ConfigError naming the JSON path of any ``"auto"`` left, or of what the
     strict parser refuses.
     """
+    return parsed_config(source, **known).json
+
+
+def parsed_config(source: ConfigSource = None, **known: Any) -> ParsedConfig:
+    """load_config's config as the C++ side parsed it, once: what zoffload.torch builds its
+    optimizer from (its ``json`` is load_config's text)."""
     left: list = []
     filled = _fill(_read(source), "", known, left)
     if left:
@@ -87,4 +93,4 @@ def load_config(source: ConfigSource = None, **known: Any) -> str:
             + ", ".join(sorted(AUTO_FILLS))
             + ")"
         )
-    return parse_config(json.dumps(filled))
+    return parse_config_object(json.dumps(filled))

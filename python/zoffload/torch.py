@@ -67,7 +67,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 import torch
 
 from . import _zoffload
-from .config import ConfigSource, load_config
+from .config import ConfigSource, parsed_config
 
 ParamsArg = Union[Iterable[Tuple[str, torch.nn.Parameter]], Iterable[torch.Tensor], Iterable[dict]]
 
@@ -118,8 +118,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if config is None:  # the optimizer in host memory, every other default
             config = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
         given = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        self._config_json = load_config(config, **given, **known)
-        cfg = json.loads(self._config_json)
+        self._config = parsed_config(config, **given, **known)
+        cfg = json.loads(self._config.json)
         p = cfg["optimizer"]["params"]
         defaults = {
             "lr": lr if lr is not None else p["lr"],
@@ -204,12 +204,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if zero:
             run, nccl_id, device = _bootstrap(rank) if world > 1 else (_run_name(), "", 0)
             self._zero = _zoffload.Zero(
-                self._config_json, spec, hypers, run, rank, world, nccl_id, device
+                self._config, spec, hypers, run, rank, world, nccl_id, device
             )
             if zc["stage"] == 3:  # read at creation only: the partitions hold them now
                 self._host_values = {}
         else:
-            self._engine = _zoffload.Engine(self._config_json, spec, hypers)
+            self._engine = _zoffload.Engine(self._config, spec, hypers)
         # Gradients through host memory from a GPU: each one's D2H goes straight into the
         # optimizer's own pinned memory for it, which takes it in place (no host copy of every
         # gradient), where it can (the engine: not with accumulation or overlap "delayed";
