@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <omp.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -22,55 +21,14 @@
 
 #include "common/aligned_buffer.h"
 #include "common/errno_status.h"
-#include "common/json_file.h"
 #include "common/log.h"
-#include "common/pid_lock.h"
 #include "common/strings.h"
-#include "common/topology.h"
 #include "common/unique_fd.h"
 #include "swap/crc32c.h"
 #include "swap/swap_manifest.h"
+#include "swap/swap_space_impl.h"
 
 namespace zoffload::internal {
-namespace {
-
-using Json = nlohmann::json;
-
-constexpr const char* kManifestName = "zoffload-swap.json";
-constexpr const char* kFileSuffix = ".zoswap";
-constexpr const char* kLockName = "zoffload-swap.lock";
-
-// Takes the lock of every directory (see 6.); the error names the directory in use.
-Result<std::vector<PidLock>> LockDirectories(const std::vector<std::string>& dirs) {
-  std::vector<PidLock> locks;
-  for (const std::string& dir : dirs) {
-    ZO_ASSIGN_OR_RETURN(
-        PidLock lock, PidLock::Acquire(StrCat(dir, "/", kLockName), StrCat("swap space at ", dir)));
-    if (lock.stale_pid() != 0 && lock.stale_pid() != ::getpid()) {
-      Log(LogLevel::kWarning,
-          StrCat("swap space at ", dir, ": its last owner, pid ", lock.stale_pid(),
-                 ", stopped without closing it (killed or crashed); taken over"));
-    }
-    locks.push_back(std::move(lock));
-  }
-  return locks;
-}
-
-using TensorState = SwapSpace::TensorInfo::State;
-
-const char* StateName(TensorState s) {
-  switch (s) {
-    case TensorState::kEmpty:
-      return "empty";
-    case TensorState::kClean:
-      return "clean";
-    case TensorState::kWriting:
-      return "writing";
-    case TensorState::kInterrupted:
-      return "interrupted";
-  }
-  return "?";
-}
 
 // "last committed at generation N" (the swap space's commit count then), or "never committed".
 std::string LastCommit(uint64_t generation) {
@@ -98,6 +56,24 @@ std::string EscapeKey(const std::string& key) {
     out = out.substr(0, 160) + hex;
   }
   return out;
+}
+
+namespace {
+
+using Json = nlohmann::json;
+
+const char* StateName(TensorState s) {
+  switch (s) {
+    case TensorState::kEmpty:
+      return "empty";
+    case TensorState::kClean:
+      return "clean";
+    case TensorState::kWriting:
+      return "writing";
+    case TensorState::kInterrupted:
+      return "interrupted";
+  }
+  return "?";
 }
 
 Result<uint64_t> FreeBytes(const std::string& dir) {
@@ -140,69 +116,7 @@ Status ReplaceFileAtomically(const std::string& path, const std::string& data, b
   return FsyncDirectory(std::filesystem::path(path).parent_path().string());
 }
 
-// Lets a process keep one descriptor per swap file open: raise the soft limit to the hard one.
-void RaiseOpenFileLimit() {
-  rlimit lim{};
-  if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
-    lim.rlim_cur = lim.rlim_max;
-    ::setrlimit(RLIMIT_NOFILE, &lim);
-  }
-}
-
-struct TensorEntry {
-  uint64_t bytes = 0;
-  std::string stem;
-  std::vector<int> files;     // engine file id per directory, -1 where the tensor has no blocks
-  std::vector<uint32_t> crc;  // one per block
-  bool caller_checksums = false;
-  TensorState state = TensorState::kEmpty;
-  bool has_data = false;    // written at least once (clean on disk, or written since)
-  uint64_t generation = 0;  // the swap space's generation when it was last committed
-  bool written_since_commit = false;
-  std::atomic<bool> write_failed{false};
-};
-
 }  // namespace
-
-struct SwapSpace::Impl {
-  std::vector<PidLock> locks;  // first: released after everything else
-  SwapSpaceOptions options;
-  std::unique_ptr<IoEngine> engine;
-  uint64_t block = 0;
-  std::string manifest_path;
-  mutable std::mutex mu;  // tensors, generation, the manifest file
-  std::map<std::string, std::unique_ptr<TensorEntry>> tensors;
-  uint64_t generation = 0;
-  // Deferred commits: the manifest on disk still marks these tensors "writing" while the
-  // tensors are clean in memory (clean_pending); written at the next persist or at close.
-  std::set<std::string> persisted_writing;
-  bool clean_pending = false;
-
-  size_t dirs() const { return options.paths.size(); }
-  uint64_t Blocks(uint64_t bytes) const { return (bytes + block - 1) / block; }
-  std::string FilePath(const TensorEntry& t, size_t dir) const {
-    return StrCat(options.paths[dir], "/", t.stem, ".s", dir, kFileSuffix);
-  }
-  // Bytes the file of `dir` needs for a tensor of `bytes`, with the tail rounded to `align`.
-  uint64_t FileBytes(uint64_t bytes, size_t dir, uint64_t align) const {
-    const uint64_t nb = Blocks(bytes);
-    if (nb <= dir) return 0;
-    const uint64_t count = (nb - 1 - dir) / dirs() + 1;
-    const uint64_t last = dir + (count - 1) * dirs();
-    const uint64_t last_len = std::min(block, bytes - last * block);
-    return (count - 1) * block + RoundUp(last_len, align);
-  }
-
-  Status PersistManifest();  // mu held
-  bool durable() const { return options.durable || !options.checksums; }
-  Status OpenFiles(TensorEntry& t, bool create);
-  void CloseFiles(TensorEntry& t, bool unlink_files);
-  // OK when [offset, offset + length) is a range reads and writes of tensor `key` may use.
-  Status CheckRange(const TensorEntry& t, const std::string& key, uint64_t offset,
-                    uint64_t length) const;
-  Result<std::vector<IoSegment>> Segments(TensorEntry& t, const std::string& key, uint64_t offset,
-                                          uint64_t length, std::byte* data);
-};
 
 Status SwapSpace::Impl::PersistManifest() {
   Json tensors_json = Json::object();
@@ -322,150 +236,6 @@ SwapSpace::~SwapSpace() {
       Log(LogLevel::kWarning, StrCat("swap space: writing the final manifest: ", s.message()));
     }
   }
-}
-
-Result<std::unique_ptr<SwapSpace>> SwapSpace::Open(SwapSpaceOptions options) {
-  if (options.paths.empty()) return InvalidArgumentError("swap space: no directory given");
-  for (const std::string& dir : options.paths) {
-    struct stat st {};
-    if (::stat(dir.c_str(), &st) != 0) {
-      return StatusFromErrno(errno, StrCat("swap directory ", dir));
-    }
-    if (!S_ISDIR(st.st_mode))
-      return InvalidArgumentError(StrCat("swap directory ", dir, " is not a directory"));
-    if (::access(dir.c_str(), W_OK | X_OK) != 0) {
-      return StatusFromErrno(errno, StrCat("swap directory ", dir, " is not writable"));
-    }
-  }
-  RaiseOpenFileLimit();
-  auto impl = std::make_unique<Impl>();
-  ZO_ASSIGN_OR_RETURN(impl->locks, LockDirectories(options.paths));
-  impl->options = std::move(options);
-  impl->block = static_cast<uint64_t>(impl->options.aio.block_size);
-  impl->manifest_path = StrCat(impl->options.paths[0], "/", kManifestName);
-  IoEngineOptions engine_options;
-  engine_options.aio = impl->options.aio;
-  engine_options.backend = impl->options.backend;
-  engine_options.direct_io = impl->options.direct_io;
-  engine_options.tracer = impl->options.tracer;
-  engine_options.wrap_backend = impl->options.wrap_backend;
-  // I/O threads run near the disk when the machine has several NUMA nodes and hwloc knows
-  // where the first directory's device is attached.
-  if (auto topology = Topology::Load(); topology.ok() && topology->NumaNodes() > 1) {
-    if (auto node = topology->NumaNodeOfPath(impl->options.paths[0]); node.ok()) {
-      engine_options.numa_node = *node;
-    }
-  }
-  ZO_ASSIGN_OR_RETURN(impl->engine, IoEngine::Create(std::move(engine_options)));
-
-  struct stat manifest_stat {};
-  if (::lstat(impl->manifest_path.c_str(), &manifest_stat) != 0) {
-    // No manifest: a new space, unless swap files are there (a deleted or lost manifest),
-    // whose data must not be taken for free space.
-    for (const std::string& dir : impl->options.paths) {
-      std::error_code ec;
-      for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-        if (entry.path().filename().string().ends_with(kFileSuffix)) {
-          return Status(StatusCode::kDataLoss,
-                        StrCat("swap file ", entry.path().string(), " exists but its manifest ",
-                               impl->manifest_path,
-                               " is missing (deleted or lost): nothing was changed; restore "
-                               "the manifest, or remove the swap files "
-                               "(SwapSpace::Destroy) to start over"));
-        }
-      }
-    }
-    std::lock_guard<std::mutex> lock(impl->mu);
-    ZO_RETURN_IF_ERROR(impl->PersistManifest());  // also proves the directory is writable
-    return std::unique_ptr<SwapSpace>(new SwapSpace(std::move(impl)));
-  }
-  const std::string& mpath = impl->manifest_path;
-  // A manifest holds a few bytes per block: 1 GiB covers petabytes of swap.
-  ZO_ASSIGN_OR_RETURN(const std::string text,
-                      ReadBoundedFile(mpath, uint64_t{1} << 30, "swap manifest"));
-  ZO_ASSIGN_OR_RETURN(const SwapManifest m, ParseSwapManifest(text, mpath));
-  if (m.version != kSwapManifestVersion) {
-    return InvalidArgumentError(StrCat(mpath, " has manifest version ", m.version,
-                                       "; this build reads version ", kSwapManifestVersion));
-  }
-  if (m.paths != impl->options.paths) {
-    return InvalidArgumentError(StrCat("swap space at ", impl->options.paths[0],
-                                       " was created over ", Json(m.paths).dump(),
-                                       "; it must be reopened with the same directories"));
-  }
-  if (!m.checksums && impl->options.checksums) {
-    return InvalidArgumentError(
-        StrCat("swap space at ", impl->options.paths[0],
-               " was written without checksums (its manifest says \"checksums\": false): "
-               "reopen it with checksums off, or start a new space"));
-  }
-  if (m.block_size != impl->block) {
-    return InvalidArgumentError(
-        StrCat("swap space at ", impl->options.paths[0], " was created with aio.block_size ",
-               m.block_size, "; reopen it with the same block size (got ", impl->block, ")"));
-  }
-  impl->generation = m.generation;
-  std::vector<std::string> torn;
-  for (const SwapManifest::Tensor& mt : m.tensors) {
-    const std::string& key = mt.key;
-    auto t = std::make_unique<TensorEntry>();
-    t->bytes = mt.bytes;
-    t->stem = EscapeKey(key);
-    t->crc = mt.crc;
-    t->generation = mt.generation;
-    const std::string& state = mt.state;
-    if (state == "writing" || state == "interrupted") {
-      torn.push_back(key);
-      t->state = TensorState::kInterrupted;
-    } else if (state == "clean") {
-      t->state = TensorState::kClean;
-      t->has_data = true;
-    } else if (state != "empty") {
-      return DataLossError(StrCat(mpath, ": tensor '", key, "' has unknown state '", state, "'"));
-    }
-    if (t->crc.size() != impl->Blocks(t->bytes)) {
-      return DataLossError(StrCat(mpath, ": tensor '", key, "' lists ", t->crc.size(),
-                                  " checksums for ", impl->Blocks(t->bytes), " blocks"));
-    }
-    impl->tensors.emplace(key, std::move(t));
-  }
-  if (!torn.empty()) {
-    std::string names;
-    for (const std::string& k : torn) {
-      names += StrCat(names.empty() ? "" : ", ", "'", k, "' (",
-                      LastCommit(impl->tensors.at(k)->generation), ")");
-    }
-    Log(LogLevel::kWarning,
-        StrCat("swap space at ", impl->options.paths[0], " was interrupted while writing: ", names,
-               " may be torn and will not be read until written again in full"));
-  }
-  for (auto& [key, t] : impl->tensors) {
-    // An interrupted tensor's checksums no longer vouch for any block: a block not rewritten
-    // since fails its read.
-    if (t->state == TensorState::kInterrupted) std::fill(t->crc.begin(), t->crc.end(), 0);
-    ZO_RETURN_IF_ERROR(
-        impl->OpenFiles(*t, /*create=*/false).WithContext(StrCat("tensor '", key, "'")));
-  }
-  return std::unique_ptr<SwapSpace>(new SwapSpace(std::move(impl)));
-}
-
-Status SwapSpace::Destroy(const std::vector<std::string>& paths) {
-  ZO_ASSIGN_OR_RETURN(const std::vector<PidLock> locks, LockDirectories(paths));
-  for (size_t i = 0; i < paths.size(); ++i) {
-    std::error_code ec;
-    for (const auto& entry : std::filesystem::directory_iterator(paths[i], ec)) {
-      const std::string name = entry.path().filename().string();
-      // The lock files go too, while held: a later Open creates and takes a new one.
-      const bool ours =
-          name.ends_with(kFileSuffix) || name == kLockName ||
-          (i == 0 && (name == kManifestName || name == StrCat(kManifestName, ".tmp")));
-      if (ours && ::unlink(entry.path().c_str()) != 0 && errno != ENOENT) {
-        return StatusFromErrno(errno, StrCat("remove ", entry.path().string()));
-      }
-    }
-    if (ec) return StatusFromErrno(ec.value(), StrCat("list ", paths[i]));
-  }
-  return Status::Ok();
 }
 
 Status SwapSpace::Allocate(const std::string& key, uint64_t bytes, ChecksumBy checksum_by) {
