@@ -14,14 +14,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <functional>
 
 #include "engine/gradient_path.h"
 #include "engine/lane.h"

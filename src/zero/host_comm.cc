@@ -138,6 +138,66 @@ void RemoveAbandonedSegments() {
 
 }  // namespace
 
+namespace {
+
+using Deadline = std::chrono::steady_clock::time_point;
+
+// Rank 0: a new segment `path` of `bytes` (a stale one of a run with the same name removed).
+Result<UniqueFd> CreateSegment(const std::string& path, size_t bytes) {
+  RemoveAbandonedSegments();
+  ::shm_unlink(path.c_str());  // a stale segment of a run with the same name
+  UniqueFd fd(::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
+  if (!fd.valid()) return StatusFromErrno(errno, StrCat("host communicator: creating ", path));
+  if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+    const int err = errno;
+    ::shm_unlink(path.c_str());
+    return StatusFromErrno(err,
+                           StrCat("host communicator: sizing ", path, " to ", bytes, " bytes"));
+  }
+  return fd;
+}
+
+// The other ranks: rank 0's segment `path`, once it is there at its full size.
+Result<UniqueFd> AwaitSegment(const std::string& path, size_t bytes, const HostComm::Options& o,
+                              Deadline deadline) {
+  while (true) {
+    UniqueFd fd(::shm_open(path.c_str(), O_RDWR, 0600));
+    struct stat st {};
+    if (fd.valid() && ::fstat(fd.get(), &st) == 0 && static_cast<size_t>(st.st_size) == bytes) {
+      return fd;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status(StatusCode::kUnavailable,
+                    StrCat("host communicator: rank ", o.rank, " found no segment ", path, " of ",
+                           bytes, " bytes from rank 0 within ", o.timeout.count(),
+                           " ms (is rank 0 running, with the same world and region size?)"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// The other ranks: until rank 0 has set the segment's header up (UNAVAILABLE if it died first:
+// the segment is removed, as rank 0 cannot any more).
+Status AwaitSetUp(HostComm::Header& h, const std::string& path, const HostComm::Options& o,
+                  Deadline deadline) {
+  while (h.magic.load(std::memory_order_acquire) != kMagic) {
+    if (!Alive(VisiblePid(h, 0))) {
+      ::shm_unlink(path.c_str());
+      return Status(StatusCode::kUnavailable,
+                    StrCat("host communicator: rank 0 (pid ", h.pid[0].load(), ") of ", path,
+                           " died while setting it up; removed the segment"));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Status(StatusCode::kUnavailable, StrCat("host communicator: rank 0 did not set ", path,
+                                                     " up within ", o.timeout.count(), " ms"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<HostComm>> HostComm::Create(const Options& o) {
   const uint64_t unit = 4 * static_cast<uint64_t>(std::max(o.world, 1));
   if (o.world < 1 || o.world > kMaxWorld || o.rank < 0 || o.rank >= o.world || o.name.empty() ||
@@ -153,33 +213,9 @@ Result<std::unique_ptr<HostComm>> HostComm::Create(const Options& o) {
   const auto deadline = std::chrono::steady_clock::now() + o.timeout;
   UniqueFd fd;
   if (o.rank == 0) {
-    RemoveAbandonedSegments();
-    ::shm_unlink(path.c_str());  // a stale segment of a run with the same name
-    fd = UniqueFd(::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600));
-    if (!fd.valid()) return StatusFromErrno(errno, StrCat("host communicator: creating ", path));
-    if (::ftruncate(fd.get(), static_cast<off_t>(comm->map_bytes_)) != 0) {
-      const int err = errno;
-      ::shm_unlink(path.c_str());
-      return StatusFromErrno(
-          err, StrCat("host communicator: sizing ", path, " to ", comm->map_bytes_, " bytes"));
-    }
+    ZO_ASSIGN_OR_RETURN(fd, CreateSegment(path, comm->map_bytes_));
   } else {
-    // Rank 0 creates it: wait for the segment, at its full size.
-    while (true) {
-      fd = UniqueFd(::shm_open(path.c_str(), O_RDWR, 0600));
-      struct stat st {};
-      if (fd.valid() && ::fstat(fd.get(), &st) == 0 &&
-          static_cast<size_t>(st.st_size) == comm->map_bytes_) {
-        break;
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        return Status(StatusCode::kUnavailable,
-                      StrCat("host communicator: rank ", o.rank, " found no segment ", path, " of ",
-                             comm->map_bytes_, " bytes from rank 0 within ", o.timeout.count(),
-                             " ms (is rank 0 running, with the same world and region size?)"));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    ZO_ASSIGN_OR_RETURN(fd, AwaitSegment(path, comm->map_bytes_, o, deadline));
   }
   void* map = ::mmap(nullptr, comm->map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (map == MAP_FAILED) return StatusFromErrno(errno, StrCat("host communicator: mapping ", path));
@@ -191,20 +227,7 @@ Result<std::unique_ptr<HostComm>> HostComm::Create(const Options& o) {
     h.world.store(static_cast<uint32_t>(o.world));
     h.magic.store(kMagic, std::memory_order_release);
   } else {
-    while (h.magic.load(std::memory_order_acquire) != kMagic) {
-      if (!Alive(VisiblePid(h, 0))) {
-        ::shm_unlink(path.c_str());  // rank 0 cannot remove it any more
-        return Status(StatusCode::kUnavailable,
-                      StrCat("host communicator: rank 0 (pid ", h.pid[0].load(), ") of ", path,
-                             " died while setting it up; removed the segment"));
-      }
-      if (std::chrono::steady_clock::now() > deadline) {
-        return Status(StatusCode::kUnavailable,
-                      StrCat("host communicator: rank 0 did not set ", path, " up within ",
-                             o.timeout.count(), " ms"));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    ZO_RETURN_IF_ERROR(AwaitSetUp(h, path, o, deadline));
     if (h.world.load() != static_cast<uint32_t>(o.world)) {
       return InvalidArgumentError(StrCat("host communicator: rank ", o.rank, " has world size ",
                                          o.world, "; rank 0 has ", h.world.load()));
