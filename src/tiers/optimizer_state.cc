@@ -101,9 +101,11 @@ std::pair<uint64_t, uint64_t> OptimizerState::ItemRange(size_t k) const {
   return {it.offset, k + 1 < items_.size() ? RoundUp(bytes, block_) : bytes};
 }
 
-Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<OptimizerTensor> tensors,
-                                                               RuntimeContext& context,
-                                                               OptimizerStateOptions options) {
+namespace {
+
+// The chunk of the update (elements), once `tensors` and `options` are checked.
+Result<uint64_t> CheckedChunk(const std::vector<OptimizerTensor>& tensors,
+                              const OptimizerStateOptions& options) {
   std::unordered_set<std::string> names;
   for (const OptimizerTensor& t : tensors) {
     if (t.name.empty() || t.n == 0) {
@@ -138,25 +140,26 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
                "be in (0, 1], got ",
                options.offload_ratio));
   }
-  std::unique_ptr<OptimizerState> state(new OptimizerState());
-  state->tensors_ = std::move(tensors);
-  state->options_ = std::move(options);
-  state->chunk_ = chunk;
-  state->rt_ = &RuntimeAccess::Of(context);
-  state->tracer_ = state->rt_->tracer();
-  const StatePrecision precision = state->options_.precision;
+  return chunk;
+}
+
+}  // namespace
+
+Result<std::vector<OptimizerTensor>> OptimizerState::AllocateHostShare() {
+  const bool nvme = options_.home == StateHome::kNvme;
+  const StatePrecision precision = options_.precision;
   // Whole tensors, in order, fill the host share; the others go to NVMe.
   uint64_t total = 0;
-  for (const OptimizerTensor& t : state->tensors_) total += t.n;
-  const double host_share = nvme ? 1.0 - state->options_.offload_ratio : 1.0;
+  for (const OptimizerTensor& t : tensors_) total += t.n;
+  const double host_share = nvme ? 1.0 - options_.offload_ratio : 1.0;
   const auto host_elements = static_cast<uint64_t>(host_share * static_cast<double>(total));
   uint64_t kept = 0;
   std::vector<OptimizerTensor> on_nvme;
-  for (const OptimizerTensor& t : state->tensors_) {
+  for (const OptimizerTensor& t : tensors_) {
     HostMemory p, m, v;
     if (kept + t.n <= host_elements) {
       kept += t.n;
-      Runtime& rt = *state->rt_;
+      Runtime& rt = *rt_;
       const std::string what = StrCat("the optimizer state of '", t.name, "'");
       ZO_ASSIGN_OR_RETURN(p, rt.AllocateHost(4 * t.n, what, false, true));
       ZO_ASSIGN_OR_RETURN(m, rt.AllocateHost(AdamMomentBytes(precision, t.n), what, false, true));
@@ -167,41 +170,46 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
     } else {
       on_nvme.push_back(t);
     }
-    state->params_.push_back(std::move(p));
-    state->m_.push_back(std::move(m));
-    state->v_.push_back(std::move(v));
+    params_.push_back(std::move(p));
+    m_.push_back(std::move(m));
+    v_.push_back(std::move(v));
   }
-  if (on_nvme.empty()) return state;
-  ZO_ASSIGN_OR_RETURN(state->swap_, state->rt_->Swap());
-  state->block_ = state->swap_->block_size();
+  return on_nvme;
+}
+
+Status OptimizerState::SetUpNvme(const std::vector<OptimizerTensor>& on_nvme) {
+  const StatePrecision precision = options_.precision;
+  const uint64_t chunk = chunk_;
+  ZO_ASSIGN_OR_RETURN(swap_, rt_->Swap());
+  block_ = swap_->block_size();
   uint64_t end = 0, biggest = 0;
-  for (size_t t = 0; t < state->tensors_.size(); ++t) {
-    state->first_item_.push_back(state->items_.size());
-    if (state->in_host(t)) continue;
-    for (uint64_t first = 0; first < state->tensors_[t].n; first += chunk) {
-      state->items_.push_back({t, first, std::min(chunk, state->tensors_[t].n - first), end});
-      const uint64_t padded = state->ItemRange(state->items_.size() - 1).second;
-      const uint64_t bytes = RoundUp(padded, state->block_);
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    first_item_.push_back(items_.size());
+    if (in_host(t)) continue;
+    for (uint64_t first = 0; first < tensors_[t].n; first += chunk) {
+      items_.push_back({t, first, std::min(chunk, tensors_[t].n - first), end});
+      const uint64_t padded = ItemRange(items_.size() - 1).second;
+      const uint64_t bytes = RoundUp(padded, block_);
       end += bytes;
       biggest = std::max(biggest, bytes);
     }
   }
-  state->first_item_.push_back(state->items_.size());
+  first_item_.push_back(items_.size());
   const std::string stem = StrCat("optimizer-", LayoutHash(on_nvme, precision, chunk));
-  const auto [last_offset, last_bytes] = state->ItemRange(state->items_.size() - 1);
+  const auto [last_offset, last_bytes] = ItemRange(items_.size() - 1);
   using State = SwapSpace::TensorInfo::State;
   std::array<SwapSpace::TensorInfo, 2> info;
   for (int c = 0; c < 2; ++c) {
-    state->keys_[c] = StrCat(stem, c == 0 ? ".a" : ".b");
+    keys_[c] = StrCat(stem, c == 0 ? ".a" : ".b");
     // Block checksums are computed and verified by the Adam threads between requests, so the
     // I/O threads only move data.
-    ZO_RETURN_IF_ERROR(state->swap_->Allocate(state->keys_[c], last_offset + last_bytes,
-                                              SwapSpace::ChecksumBy::kCaller));
-    ZO_ASSIGN_OR_RETURN(info[c], state->swap_->Info(state->keys_[c]));
+    ZO_RETURN_IF_ERROR(
+        swap_->Allocate(keys_[c], last_offset + last_bytes, SwapSpace::ChecksumBy::kCaller));
+    ZO_ASSIGN_OR_RETURN(info[c], swap_->Info(keys_[c]));
   }
   // The newest committed copy is current.
   const bool clean[2] = {info[0].state == State::kClean, info[1].state == State::kClean};
-  state->current_ =
+  current_ =
       clean[0] && clean[1] ? (info[1].generation > info[0].generation ? 1 : 0) : (clean[1] ? 1 : 0);
   if (!clean[0] && !clean[1] &&
       (info[0].state == State::kInterrupted || info[1].state == State::kInterrupted)) {
@@ -209,13 +217,28 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
                                 "' was interrupted while it was first being written, before any "
                                 "step was committed: Initialize it again"));
   }
-  for (int b = 0; b < state->options_.pipeline.buffers; ++b) {
+  for (int b = 0; b < options_.pipeline.buffers; ++b) {
     auto slot = std::make_unique<Slot>();
     ZO_ASSIGN_OR_RETURN(slot->images,
-                        state->rt_->AllocateHost(biggest, "an NVMe pipeline slot", false, true));
-    ZO_RETURN_IF_ERROR(state->swap_->engine().RegisterBuffer(slot->images.span()));
-    state->slots_.push_back(std::move(slot));
+                        rt_->AllocateHost(biggest, "an NVMe pipeline slot", false, true));
+    ZO_RETURN_IF_ERROR(swap_->engine().RegisterBuffer(slot->images.span()));
+    slots_.push_back(std::move(slot));
   }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<OptimizerTensor> tensors,
+                                                               RuntimeContext& context,
+                                                               OptimizerStateOptions options) {
+  ZO_ASSIGN_OR_RETURN(const uint64_t chunk, CheckedChunk(tensors, options));
+  std::unique_ptr<OptimizerState> state(new OptimizerState());
+  state->tensors_ = std::move(tensors);
+  state->options_ = std::move(options);
+  state->chunk_ = chunk;
+  state->rt_ = &RuntimeAccess::Of(context);
+  state->tracer_ = state->rt_->tracer();
+  ZO_ASSIGN_OR_RETURN(const std::vector<OptimizerTensor> on_nvme, state->AllocateHostShare());
+  if (!on_nvme.empty()) ZO_RETURN_IF_ERROR(state->SetUpNvme(on_nvme));
   return state;
 }
 

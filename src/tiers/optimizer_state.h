@@ -174,6 +174,11 @@ class OptimizerState {
   Result<std::vector<AdamShard>> GradientShards(std::span<const TensorGrads> grads) const;
   struct Slot;
   OptimizerState() = default;
+  // Create's parts: host memory for the tensors that fill the host share (whole tensors, in
+  // order), returning the others; then their NVMe share (the chunks, the two copies in the swap
+  // space, the newer committed one current, and the pipeline's slots).
+  Result<std::vector<OptimizerTensor>> AllocateHostShare();
+  Status SetUpNvme(const std::vector<OptimizerTensor>& on_nvme);
   // One chunk of one tensor, and where its images lie in the swap tensors.
   struct Item {
     size_t tensor;
