@@ -23,12 +23,11 @@ Result<std::unique_ptr<OffloadEngine>> OffloadEngine::Create(const Config& confi
                                                              std::vector<ParameterSpec> specs,
                                                              EngineOptions options) {
   auto impl = std::make_unique<Impl>();
-  ZO_RETURN_IF_ERROR(impl->Setup(
-      config, std::move(specs), std::move(options), "engine", 1,
-      [](EngineCore& core) -> Result<std::unique_ptr<internal::Partition>> {
-        return internal::MakeIdentityPartition(core);
-      },
-      RuntimeOptions::FromConfig(config)));
+  ZO_RETURN_IF_ERROR(
+      impl->Setup(config, std::move(specs), std::move(options), "engine", 1,
+                  [](EngineCore& core) -> Result<std::unique_ptr<internal::Partition>> {
+                    return internal::MakeIdentityPartition(core);
+                  }));
   return std::unique_ptr<OffloadEngine>(new OffloadEngine(std::move(impl)));
 }
 

@@ -30,7 +30,7 @@ EngineCore::~EngineCore() {
 
 Status EngineCore::Setup(const Config& given, std::vector<ParameterSpec> specs,
                          EngineOptions given_options, std::string_view who, int world,
-                         const MakePartition& make, const RuntimeOptions& runtime) {
+                         const MakePartition& make, const AdjustRuntime& adjust) {
   config = given;
   // The parser's rules, for a config built in code (nvme_paths normalized here).
   ZO_RETURN_IF_ERROR(ValidateConfig(config, world).WithContext(who));
@@ -60,7 +60,9 @@ Status EngineCore::Setup(const Config& given, std::vector<ParameterSpec> specs,
   options = std::move(given_options);
   RuntimeContext* context = options.context;
   if (context == nullptr) {
-    ZO_ASSIGN_OR_RETURN(own_context, RuntimeContext::Create(runtime));
+    RuntimeOptions runtime = RuntimeOptions::FromConfig(config);  // nvme_paths normalized
+    if (adjust) ZO_RETURN_IF_ERROR(adjust(runtime));
+    ZO_ASSIGN_OR_RETURN(own_context, RuntimeContext::Create(std::move(runtime)));
     context = own_context.get();
   }
   rt = &RuntimeAccess::Of(*context);

@@ -99,13 +99,16 @@ struct EngineCore {
   ~EngineCore();
 
   using MakePartition = std::function<Result<std::unique_ptr<Partition>>(EngineCore&)>;
+  // Changes the runtime options made from the checked config before the core's own context is
+  // made from them (ZeRO: each rank's own swap directories).
+  using AdjustRuntime = std::function<Status(RuntimeOptions&)>;
   // Create's one path, for every world size: checks `config` (the parser's rules, `world`
   // ranks) and `specs` (errors prefixed by `who`), then makes the partition, the schedule, the
-  // state, the path, the buffers and the masters. `context` (borrowed; null: one of the
-  // core's own from `runtime`).
+  // state, the path, the buffers and the masters, in options.context (borrowed; null: one of
+  // the core's own, from the checked config, through `adjust` when given).
   Status Setup(const Config& config, std::vector<ParameterSpec> specs, EngineOptions options,
                std::string_view who, int world, const MakePartition& make,
-               const RuntimeOptions& runtime);
+               const AdjustRuntime& adjust = nullptr);
 
   Result<EngineParam*> Find(std::string_view name);
   size_t IndexOf(const EngineParam& p) const { return static_cast<size_t>(&p - params.data()); }

@@ -32,19 +32,6 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroAccess::Create(const Config& config,
                                                           std::vector<ParameterSpec> params,
                                                           Communicator& comm, ZeroOptions options,
                                                           uint64_t align) {
-  RuntimeOptions runtime = RuntimeOptions::FromConfig(config);
-  if (comm.world() > 1 && options.context == nullptr) {
-    // Ranks on one machine must not share a swap directory.
-    for (std::string& dir : runtime.nvme_paths) {
-      dir = StrCat(dir, "/rank", comm.rank());
-      std::error_code ec;
-      std::filesystem::create_directories(dir, ec);
-      if (ec) {
-        return FailedPreconditionError(
-            StrCat("ZeRO: cannot create this rank's swap directory ", dir, ": ", ec.message()));
-      }
-    }
-  }
   EngineOptions eo;
   eo.host_params = true;
   eo.groups = std::move(options.groups);
@@ -56,8 +43,22 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroAccess::Create(const Config& config,
     impl->partition = made.get();
     return std::unique_ptr<Partition>(std::move(made));
   };
+  // Ranks on one machine must not share a swap directory.
+  auto own_dirs = [&comm](RuntimeOptions& runtime) -> Status {
+    if (comm.world() == 1) return Status::Ok();
+    for (std::string& dir : runtime.nvme_paths) {
+      dir = StrCat(dir, "/rank", comm.rank());
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      if (ec) {
+        return FailedPreconditionError(
+            StrCat("ZeRO: cannot create this rank's swap directory ", dir, ": ", ec.message()));
+      }
+    }
+    return Status::Ok();
+  };
   ZO_RETURN_IF_ERROR(impl->core.Setup(config, std::move(params), std::move(eo), "ZeRO",
-                                      comm.world(), make, runtime));
+                                      comm.world(), make, own_dirs));
   return std::unique_ptr<ZeroOptimizer>(new ZeroOptimizer(std::move(impl)));
 }
 

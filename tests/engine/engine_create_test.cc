@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "common/bad_configs.h"
+#include "test_util.h"
 #include "zoffload/config.h"
 #include "zoffload/engine.h"
 #if ZO_HAVE_CUDA
@@ -62,6 +63,26 @@ TEST(EngineCreate, RefusesEveryValueTheParserRefuses) {
   EngineOptions options;
   options.host_params = true;
   ExpectCreateRefusesWhatTheParserRefuses(values.data(), options);
+}
+
+// A Config built in code names its swap directory in any spelling: Create keeps the parser's
+// (normalized), so a swap space made under "DIR" reopens under "DIR/" or "DIR//.", and the
+// reverse.
+TEST(EngineCreate, SwapDirectoriesAreTheParsersSpelling) {
+  internal::testing::TempDir dir;
+  std::vector<uint16_t> values(kElements, 0x3F80);
+  EngineOptions options;
+  options.host_params = true;
+  for (const std::string& spelling :
+       {dir.path(), dir.path() + "/", dir.path() + "//.", dir.path()}) {
+    SCOPED_TRACE(spelling);
+    Config config = ValidConfig();
+    config.zero_optimization.offload_optimizer.device = OffloadDevice::kNvme;
+    config.zoffload.nvme_paths = {spelling};
+    auto engine =
+        OffloadEngine::Create(config, {{"w", values.data(), kElements, DType::kBf16}}, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+  }
 }
 
 #if ZO_HAVE_CUDA
