@@ -117,10 +117,13 @@ class DeviceGradientPath final : public GradientPath {
     if (up_in_place_ && p.upload.valid()) return p.upload.Wait();
     return Status::Ok();
   }
-  Result<const void*> Values(const EngineParam& p, void* scratch) override {
-    ZO_RETURN_IF_ERROR(device_->CopyToHost(scratch, p.data, p.bytes())
+  Result<const void*> Values(const EngineParam& p, AlignedBuffer& scratch) override {
+    if (scratch.size() < p.bytes()) {
+      ZO_ASSIGN_OR_RETURN(scratch, AlignedBuffer::Allocate(p.bytes(), 64));
+    }
+    ZO_RETURN_IF_ERROR(device_->CopyToHost(scratch.data(), p.data, p.bytes())
                            .WithContext(StrCat("reading parameter '", p.name, "'")));
-    return static_cast<const void*>(scratch);
+    return static_cast<const void*>(scratch.data());
   }
   Status WaitParameters(void* stream) override { return device_->WaitParameters(stream); }
   void TakeTransferStats(EngineStepStats* stats) override {

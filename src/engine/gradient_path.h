@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "common/aligned_buffer.h"
 #include "tiers/optimizer_state.h"
 #include "zoffload/cpu_adam.h"
 #include "zoffload/engine.h"
@@ -72,9 +73,9 @@ class GradientPath : public ParamSink {
   /// Before the sink writes where `p`'s gradient landed outside a step (LoadState): the last
   /// upload from there is done.
   virtual Status AwaitUpload(EngineParam& p) = 0;
-  /// Parameter `p`'s values in host memory: its own memory, or read into `scratch` (4 bytes
-  /// per element).
-  virtual Result<const void*> Values(const EngineParam& p, void* scratch) = 0;
+  /// Parameter `p`'s values in host memory: its own memory, or read into `scratch` (grown to
+  /// the parameter's bytes where it is used).
+  virtual Result<const void*> Values(const EngineParam& p, AlignedBuffer& scratch) = 0;
   virtual Status WaitParameters(void* stream) = 0;
   /// Adds the transfers since the last call (bytes each way, upload waits) to `stats`.
   virtual void TakeTransferStats(EngineStepStats* stats) = 0;

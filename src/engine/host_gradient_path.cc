@@ -52,7 +52,9 @@ class HostPath final : public GradientPath {
     return Status::Ok();
   }
   Status AwaitUpload(EngineParam& /*p*/) override { return Status::Ok(); }
-  Result<const void*> Values(const EngineParam& p, void* /*scratch*/) override { return p.data; }
+  Result<const void*> Values(const EngineParam& p, AlignedBuffer& /*scratch*/) override {
+    return p.data;
+  }
   Status WaitParameters(void* /*stream*/) override { return Status::Ok(); }
   void TakeTransferStats(EngineStepStats* /*stats*/) override {}
   uint64_t host_bytes() const override { return 0; }

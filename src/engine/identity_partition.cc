@@ -122,16 +122,15 @@ class IdentityPartition final : public Partition {
     EngineCore& e = core_;
     uint64_t largest = 0;
     for (const EngineParam& p : e.params) largest = std::max(largest, p.n);
-    AlignedBuffer masters, raw;
+    AlignedBuffer masters, raw;  // raw: the path's, where it reads values down
     for (size_t i = 0; i < e.params.size(); ++i) {
       EngineParam& p = e.params[i];
       const float* initial = p.initial;  // the given fp32 values win
       if (initial == nullptr) {
         if (masters.empty()) {
           ZO_ASSIGN_OR_RETURN(masters, AlignedBuffer::Allocate(4 * largest, 64));
-          ZO_ASSIGN_OR_RETURN(raw, AlignedBuffer::Allocate(4 * largest, 64));
         }
-        ZO_ASSIGN_OR_RETURN(const void* values, e.path->Values(p, raw.data()));
+        ZO_ASSIGN_OR_RETURN(const void* values, e.path->Values(p, raw));
         Accumulate(masters.as<float>(), values, p.dtype, p.n, false);
         initial = masters.as<float>();
       }
