@@ -28,11 +28,6 @@
 #include "zoffload/export.h"
 #include "zoffload/status.h"
 
-namespace zoffload::internal {
-class Runtime;
-class RuntimeAccess;
-}  // namespace zoffload::internal
-
 ZO_API_BEGIN
 namespace zoffload {
 
@@ -72,10 +67,13 @@ class RuntimeContext {
   };
   Stats stats() const;
 
+  /// The library's own way in (src/tiers/runtime_context.h); not part of the API.
+  struct Access;
+
  private:
-  friend class internal::RuntimeAccess;  // the parts' way in (src/tiers/runtime_context.h)
-  explicit RuntimeContext(std::unique_ptr<internal::Runtime> impl);
-  std::unique_ptr<internal::Runtime> impl_;
+  struct Impl;
+  explicit RuntimeContext(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace zoffload

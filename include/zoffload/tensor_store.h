@@ -68,9 +68,7 @@ enum class TensorRole : uint8_t { kParameter, kGradient, kOptimizerState };
 Tier PlacementFor(TensorRole role, const Config& config);
 
 class TensorStore;
-namespace internal {
-struct StoreEntry;
-}  // namespace internal
+struct StoreEntry;  ///< a tensor's entry in its store (the library's; opaque here)
 
 /// A tensor made resident; released when destroyed or by Release.
 class Lease {
@@ -93,7 +91,7 @@ class Lease {
  private:
   friend class TensorStore;
   TensorStore* store_ = nullptr;
-  internal::StoreEntry* entry_ = nullptr;
+  StoreEntry* entry_ = nullptr;
   std::byte* data_ = nullptr;
   uint64_t size_ = 0;
   DType dtype_ = DType::kFp32;
@@ -151,7 +149,7 @@ class TensorStore {
   explicit TensorStore(std::unique_ptr<Impl> impl);
   void Release(Lease& lease);
   // The lease of a request whose moves finished with `moved`; a failure drops the copy.
-  Result<Lease> FinishLease(internal::StoreEntry& e, Tier at, Access access, const Status& moved);
+  Result<Lease> FinishLease(StoreEntry& e, Tier at, Access access, const Status& moved);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -34,10 +34,6 @@
 #include "zoffload/runtime.h"
 #include "zoffload/status.h"
 
-namespace zoffload::internal::zero {
-struct ZeroAccess;
-}  // namespace zoffload::internal::zero
-
 ZO_API_BEGIN
 namespace zoffload {
 
@@ -123,8 +119,11 @@ class ZeroOptimizer {
   /// The elements whose optimizer state this rank holds.
   uint64_t owned_elements() const;
 
+  /// The library's own way in (src/engine/zero_optimizer.h: one over any communicator, for
+  /// tests); not part of the API.
+  struct Access;
+
  private:
-  friend struct internal::zero::ZeroAccess;  // makes one over any communicator (tests)
   struct Impl;
   explicit ZeroOptimizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

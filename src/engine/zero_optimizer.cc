@@ -26,12 +26,12 @@ struct ZeroOptimizer::Impl {
   internal::zero::ZeroPartition* partition = nullptr;  // the core's
 };
 
-namespace internal::zero {
-
-Result<std::unique_ptr<ZeroOptimizer>> ZeroAccess::Create(const Config& config,
-                                                          std::vector<ParameterSpec> params,
-                                                          Communicator& comm, ZeroOptions options,
-                                                          uint64_t align) {
+Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Access::Create(
+    const Config& config, std::vector<ParameterSpec> params, internal::zero::Communicator& comm,
+    ZeroOptions options, uint64_t align) {
+  using internal::EngineCore;
+  using internal::Partition;
+  using internal::zero::ZeroPartition;
   EngineOptions eo;
   eo.host_params = true;
   eo.groups = std::move(options.groups);
@@ -61,8 +61,6 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroAccess::Create(const Config& config,
                                       comm.world(), make, own_dirs));
   return std::unique_ptr<ZeroOptimizer>(new ZeroOptimizer(std::move(impl)));
 }
-
-}  // namespace internal::zero
 
 namespace {
 
@@ -120,8 +118,8 @@ Result<std::unique_ptr<ZeroOptimizer>> ZeroOptimizer::Create(const Config& confi
     co.timeout = timeout;
     ZO_ASSIGN_OR_RETURN(comm, internal::zero::HostComm::Create(co));
   }
-  ZO_ASSIGN_OR_RETURN(auto zero, internal::zero::ZeroAccess::Create(config, std::move(params),
-                                                                    *comm, std::move(options)));
+  ZO_ASSIGN_OR_RETURN(auto zero,
+                      Access::Create(config, std::move(params), *comm, std::move(options)));
   zero->impl_->comm = std::move(comm);  // destroyed after the core (declared before it)
   return zero;
 }

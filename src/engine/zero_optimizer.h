@@ -14,15 +14,20 @@
 #include "zoffload/status.h"
 #include "zoffload/zero.h"
 
-namespace zoffload::internal::zero {
+namespace zoffload {
 
-struct ZeroAccess {
+struct ZeroOptimizer::Access {
   /// A ZeroOptimizer over `comm` (which must outlive it). `align`: each rank's slice of a
   /// bucket is a multiple of this many elements (16: 64 bytes of fp32).
   static Result<std::unique_ptr<ZeroOptimizer>> Create(const Config& config,
                                                        std::vector<ParameterSpec> params,
-                                                       Communicator& comm, ZeroOptions options = {},
+                                                       internal::zero::Communicator& comm,
+                                                       ZeroOptions options = {},
                                                        uint64_t align = 16);
 };
 
-}  // namespace zoffload::internal::zero
+namespace internal::zero {
+using ZeroAccess = ZeroOptimizer::Access;
+}  // namespace internal::zero
+
+}  // namespace zoffload

@@ -226,16 +226,16 @@ RuntimeOptions RuntimeOptions::FromConfig(const Config& config) {
   return o;
 }
 
-RuntimeContext::RuntimeContext(std::unique_ptr<internal::Runtime> impl) : impl_(std::move(impl)) {}
+RuntimeContext::RuntimeContext(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RuntimeContext::~RuntimeContext() = default;
 
 Result<std::unique_ptr<RuntimeContext>> RuntimeContext::Create(RuntimeOptions options) {
   return internal::RuntimeAccess::Create(std::move(options), nullptr);
 }
 
-Result<std::unique_ptr<RuntimeContext>> internal::RuntimeAccess::Create(RuntimeOptions options,
-                                                                        WrapBackend wrap_backend) {
-  auto impl = std::make_unique<internal::Runtime>(std::move(options), std::move(wrap_backend));
+Result<std::unique_ptr<RuntimeContext>> RuntimeContext::Access::Create(
+    RuntimeOptions options, internal::WrapBackend wrap_backend) {
+  auto impl = std::make_unique<Impl>(std::move(options), std::move(wrap_backend));
 #if ZO_HAVE_CUDA
   if (internal::UsableGpuCount().ok()) {
     // One pool, and no second cap: the host budget is enforced by AllocateHost, for every

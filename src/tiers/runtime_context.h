@@ -146,7 +146,7 @@ class Runtime {
 #endif
 
  private:
-  friend class RuntimeAccess;  // makes the pinned pool
+  friend struct ::zoffload::RuntimeContext::Access;  // makes the pinned pool
   RuntimeOptions options_;
   WrapBackend wrap_backend_;
   ByteBudget host_, gpu_;
@@ -159,13 +159,24 @@ class Runtime {
 #endif
 };
 
-/// The parts' way into a RuntimeContext (its public header shows only what a user needs).
-class RuntimeAccess {
- public:
-  static Runtime& Of(const RuntimeContext& context) { return *context.impl_; }
-  /// RuntimeContext::Create, with `wrap_backend` around each I/O thread's backend.
-  static Result<std::unique_ptr<RuntimeContext>> Create(RuntimeOptions options,
-                                                        WrapBackend wrap_backend);
+}  // namespace zoffload::internal
+
+namespace zoffload {
+
+struct RuntimeContext::Impl : internal::Runtime {
+  using Runtime::Runtime;
 };
 
-}  // namespace zoffload::internal
+/// The parts' way into a RuntimeContext (its public header shows only what a user needs).
+struct RuntimeContext::Access {
+  static internal::Runtime& Of(const RuntimeContext& context) { return *context.impl_; }
+  /// RuntimeContext::Create, with `wrap_backend` around each I/O thread's backend.
+  static Result<std::unique_ptr<RuntimeContext>> Create(RuntimeOptions options,
+                                                        internal::WrapBackend wrap_backend);
+};
+
+namespace internal {
+using RuntimeAccess = RuntimeContext::Access;
+}  // namespace internal
+
+}  // namespace zoffload

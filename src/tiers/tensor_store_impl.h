@@ -25,7 +25,9 @@ using internal::HumanBytes;
 using internal::StrCat;
 using internal::SwapSpace;
 
-namespace internal {
+using internal::AllocateDeviceCopy;
+using internal::DeviceCopiesAvailable;
+using internal::DeviceCopy;
 
 struct StoreEntry {
   std::string key;
@@ -53,13 +55,6 @@ struct StoreEntry {
 
   bool has_device() const { return home != Tier::kGpu && device != nullptr; }
 };
-
-}  // namespace internal
-
-using internal::AllocateDeviceCopy;
-using internal::DeviceCopiesAvailable;
-using internal::DeviceCopy;
-using internal::StoreEntry;
 
 struct TensorStore::Impl {
   Impl(internal::Runtime& runtime, StoreOptions o) : rt(runtime), options(o) {}
