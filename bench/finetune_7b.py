@@ -302,6 +302,15 @@ def report(args, results):
             exposed = sum(s["parameter_copy_exposed_seconds"] for s in timed) / len(timed)
             print(f"| {r['system']} parameter copies: {copy:.3f} s of GPU time a step, the compute "
                   f"waited {exposed:.3f} s: {1 - exposed / copy:.0%} hidden |")
+    for r in results:  # overlap "backward": the steps by how their update ran
+        kinds = {}
+        for s in ft.timed_steps(r.get("steps", [])):
+            if s.get("speculation"):
+                kinds.setdefault(s["speculation"], []).append(s["seconds"])
+        if kinds:
+            mix = ", ".join(f"{k} {len(v)} ({sum(v) / len(v):.3f} s/step)"
+                            for k, v in sorted(kinds.items()))
+            print(f"| {r['system']} speculation, steps 3+: {mix} |")
     fb = by.get("fwd_bwd")
     bounds = {}
     z = by.get("zoffload:none:fp32")

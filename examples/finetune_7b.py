@@ -225,10 +225,11 @@ def run_zoffload(args, name=""):
         opt.step()
         s = opt.stats()
         # With --offload-param also the parameter copies' GPU time and the part of it that the
-        # compute waited for.
+        # compute waited for; under overlap "backward" how the step's update ran.
         return {k: s[k] for k in ("adam_seconds", "wait_grads_seconds", "update_seconds",
-                                  "grad_norm", "upload_wait_seconds", "parameter_copy_seconds",
-                                  "parameter_copy_exposed_seconds")
+                                  "grad_norm", "clip_coef", "upload_wait_seconds",
+                                  "parameter_copy_seconds", "parameter_copy_exposed_seconds",
+                                  "speculation", "speculation_why", "speculated_elements")
                 if k in s}
 
     default_name = f"zoffload:{args.overlap}:{args.state}" + (
@@ -242,7 +243,7 @@ def run_zoffload(args, name=""):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(ap)
-    ap.add_argument("--overlap", default="none", choices=["none", "backward", "delayed"])
+    ap.add_argument("--overlap", default="none", choices=["none", "backward", "delayed", "auto"])
     ap.add_argument("--state", default="fp32", choices=["fp32", "bf16", "int8"],
                     help="precision of Adam's moments (the masters are fp32 always)")
     ap.add_argument("--threads", type=int, default=0, help="CPU Adam threads (0: physical cores)")

@@ -19,6 +19,7 @@
 #include "bench/bench_util.h"
 #include "bench/nvme_profile.h"
 #include "build_info.h"
+#include "common/config_rules.h"
 #include "common/strings.h"
 #include "plan/plan.h"
 #include "zoffload/config.h"
@@ -293,7 +294,7 @@ int Main(int argc, char** argv) {
                          ": zero_optimization.offload_optimizer.device is not cpu or nvme; "
                          "zoffload-plan estimates offloaded optimizers only"));
     }
-    given = Candidate{config->zoffload.overlap, config->zoffload.optimizer_state,
+    given = Candidate{ChosenOverlap(*config, false), config->zoffload.optimizer_state,
                       oo.device == OffloadDevice::kNvme ? oo.ratio : 0.0};
     if ((given->nvme_ratio > 0 || w.param_nvme) && nvme.empty()) {
       nvme = !config->zoffload.nvme_paths.empty() ? config->zoffload.nvme_paths

@@ -30,8 +30,10 @@ enum class StatePrecision { kFp32, kBf16, kInt8 };
 /// When the CPU update runs relative to backward (zoffload.overlap; docs/engine.md).
 /// kNone: after backward (exact). kBackward: each parameter as soon as its gradient is on the
 /// host, during backward (bit-identical to kNone). kDelayed: step t's update runs during step
-/// t+1's forward and backward, which use parameters one step older (not identical).
-enum class Overlap { kNone, kBackward, kDelayed };
+/// t+1's forward and backward, which use parameters one step older (not identical). kAuto:
+/// the fastest exact mode the trainer allows (backward where one process holds the optimizer
+/// state in host memory, else none), chosen when the trainer is made.
+enum class Overlap { kNone, kBackward, kDelayed, kAuto };
 
 std::string_view ToString(OffloadDevice device);
 std::string_view ToString(OptimizerType type);
@@ -178,8 +180,11 @@ struct ZoffloadSection {
   /// write); 0 = by state precision (4M; int8 16M). A multiple of 256.
   uint64_t update_chunk_elements = 0;
   std::string trace_path;            ///< when non-empty, a Chrome trace-event JSON is written here
-  Overlap overlap = Overlap::kNone;  ///< "none", "backward" or "delayed"
+  Overlap overlap = Overlap::kNone;  ///< "none", "backward", "delayed" or "auto"
   int delayed_warmup_steps = 0;      ///< with overlap "delayed": the first steps run exact; >= 0
+  /// Overlap "backward": host memory for the copies that let a step undo the updates it made
+  /// during backward (clipping, overflow); absent: 3/4 of the memory free at the first step.
+  std::optional<uint64_t> rollback_bytes;
   /// ZeRO across ranks: how long a collective waits for the other ranks; > 0
   double comm_timeout_seconds = 300.0;
   bool operator==(const ZoffloadSection&) const = default;

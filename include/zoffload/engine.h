@@ -103,6 +103,15 @@ struct EngineStepStats {
   uint64_t bytes_to_host = 0;      ///< gradients over PCIe, every micro-step of this step
   uint64_t bytes_to_gpu = 0;       ///< parameters over PCIe
   uint64_t nvme_bytes_read = 0, nvme_bytes_written = 0;
+  /// Overlap "backward": how the update ran. "committed": made during backward and kept (the
+  /// step needed no clipping and its gradients were finite); "redone": made during backward,
+  /// then undone and made again after it, exactly as overlap "none" (`speculation_why` says
+  /// why: clipped, inf/NaN); "exact": made after backward only (`speculation_why`: the last
+  /// step clipped or overflowed, the loss scale changed). Empty under the other modes.
+  std::string speculation;
+  std::string speculation_why;
+  /// Overlap "backward": elements updated during backward (the rest after it).
+  uint64_t speculated_elements = 0;
 };
 
 class OffloadEngine {

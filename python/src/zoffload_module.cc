@@ -241,6 +241,9 @@ nb::dict StatsDict(const EngineStepStats& s) {
   d["bytes_to_gpu"] = s.bytes_to_gpu;
   d["nvme_bytes_read"] = s.nvme_bytes_read;
   d["nvme_bytes_written"] = s.nvme_bytes_written;
+  d["speculation"] = s.speculation;
+  d["speculation_why"] = s.speculation_why;
+  d["speculated_elements"] = s.speculated_elements;
   return d;
 }
 

@@ -30,6 +30,8 @@ AUTO_FILLS = {
     "fp16.enabled": "fp16",
     "bf16.enabled": "bf16",
 }
+# Where "auto" is a value of zoffload's own, which the parser resolves (not filled here).
+OWN_AUTO = {"zoffload.overlap"}
 
 
 def _read(source: ConfigSource) -> dict:
@@ -58,7 +60,7 @@ def _fill(node: Any, path: str, known: Mapping[str, Any], left: list) -> Any:
         return {k: _fill(v, f"{path}.{k}" if path else k, known, left) for k, v in node.items()}
     if isinstance(node, list):
         return [_fill(v, f"{path}[{i}]", known, left) for i, v in enumerate(node)]
-    if node == "auto":
+    if node == "auto" and path not in OWN_AUTO:
         name = AUTO_FILLS.get(path)
         if name is not None and known.get(name) is not None:
             value = known[name]

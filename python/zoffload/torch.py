@@ -732,7 +732,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         that copied) and ``parameter_fetch_elements`` of that step, and on a GPU
         ``parameter_copy_seconds`` (the GPU time of those copies) and
         ``parameter_copy_exposed_seconds`` (the compute stream's time waiting for them: the
-        part not hidden under compute)."""
+        part not hidden under compute). Under ``zoffload.overlap`` "backward", ``speculation``
+        says how the update ran: "committed" (made during backward and kept), "redone" (made
+        during backward, then undone and made exactly after it: clipping, inf/NaN) or "exact"
+        (after backward only, as the last step clipped or overflowed), with
+        ``speculation_why`` and ``speculated_elements``."""
         last = getattr(self, "_last", {}) if self._zero is not None else self._engine.last_step
         if self._partitioned:
             fetches, elements = self._last_fetches

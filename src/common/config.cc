@@ -63,7 +63,10 @@ struct EnumTable<StatePrecision> {
 template <>
 struct EnumTable<Overlap> {
   static constexpr std::pair<Overlap, std::string_view> kEntries[] = {
-      {Overlap::kNone, "none"}, {Overlap::kBackward, "backward"}, {Overlap::kDelayed, "delayed"}};
+      {Overlap::kNone, "none"},
+      {Overlap::kBackward, "backward"},
+      {Overlap::kDelayed, "delayed"},
+      {Overlap::kAuto, "auto"}};
 };
 
 template <typename E>
@@ -167,6 +170,7 @@ void VisitStruct(V& v, ZoffloadSection& c) {
   v.Field("trace_path", c.trace_path);
   v.Field("overlap", c.overlap);
   v.Field("delayed_warmup_steps", c.delayed_warmup_steps);
+  v.Field("rollback_bytes", c.rollback_bytes);
   v.Field("comm_timeout_seconds", c.comm_timeout_seconds);
 }
 template <typename V>

@@ -116,21 +116,12 @@ void CheckRules(Config& c, int world_size, RuleChecker& check) {
                 StrCat("int8 state is for Adam and AdamW only, not ", ToString(c.optimizer.type)));
 
   const Overlap overlap = c.zoffload.overlap;
-  if (overlap != Overlap::kNone) {
+  if (overlap == Overlap::kBackward || overlap == Overlap::kDelayed) {
     const std::string mode = StrCat("\"", ToString(overlap), "\"");
-    check.Require(!(overlap == Overlap::kBackward && c.gradient_clipping > 0), "zoffload.overlap",
-                  StrCat(mode,
-                         " updates each parameter while backward runs, before the global "
-                         "gradient norm that gradient_clipping (",
-                         c.gradient_clipping,
-                         ") needs exists; set gradient_clipping 0, or overlap \"none\" or "
-                         "\"delayed\""));
-    check.Require(!c.fp16.enabled, "zoffload.overlap",
-                  StrCat(mode,
-                         " cannot be combined with fp16.enabled: the loss scale's overflow "
-                         "check must see every gradient before ",
-                         overlap == Overlap::kBackward ? "any update" : "the next step's loss",
-                         "; use bf16, or overlap \"none\""));
+    check.Require(!(overlap == Overlap::kDelayed && c.fp16.enabled), "zoffload.overlap",
+                  "\"delayed\" cannot be combined with fp16.enabled: the loss scale's overflow "
+                  "check must see every gradient before the next step's loss; use bf16, or "
+                  "overlap \"none\" or \"backward\"");
     check.Require(c.zero_optimization.offload_optimizer.device != OffloadDevice::kNvme,
                   "zoffload.overlap",
                   StrCat(mode,
@@ -246,6 +237,12 @@ Status internal::ConfigErrors(const std::vector<std::string>& errors, const std:
       StrCat(errors.size(), errors.size() == 1 ? " error" : " errors", " in ", source, ":");
   for (const std::string& e : errors) message += StrCat("\n", source, ": ", e);
   return InvalidArgumentError(std::move(message));
+}
+
+Overlap internal::ChosenOverlap(const Config& c, bool zero_partitioned) {
+  if (c.zoffload.overlap != Overlap::kAuto) return c.zoffload.overlap;
+  const bool host_state = c.zero_optimization.offload_optimizer.device != OffloadDevice::kNvme;
+  return host_state && !zero_partitioned ? Overlap::kBackward : Overlap::kNone;
 }
 
 void internal::CheckConfigRules(Config& config, int world_size, std::vector<std::string>* errors) {

@@ -6,6 +6,7 @@
 // BindThisThreadToNumaNode affects only the calling thread.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -53,5 +54,9 @@ class Topology {
   explicit Topology(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+/// Host memory a process can take now: MemAvailable of /proc/meminfo, lowered to what the
+/// cgroup's memory.max leaves (bytes); UINT64_MAX when neither can be read.
+uint64_t AvailableHostMemory();
 
 }  // namespace zoffload::internal

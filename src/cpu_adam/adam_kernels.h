@@ -46,6 +46,11 @@ void AdamBandwidthCeiling(const AdamShard& shard, int threads = 0,
 /// never bound. Default off; config zoffload.cpu_adam_bind_cores (the trainers set it).
 void SetCpuAdamCoreBinding(bool bind);
 
+/// Copies `bytes` from `src` to `dst` (not overlapping) with `threads` of CPU Adam's threads
+/// (0: DefaultAdamThreads), placed as its passes are: the rollback copies of a speculative
+/// update (OptimizerState::Keep) at the memory bandwidth of the update itself.
+void CopyWithAdamThreads(void* dst, const void* src, uint64_t bytes, int threads);
+
 /// Updates elements [begin, end). For int8 state, begin is a multiple of kInt8StateBlock.
 void AdamRange(const AdamKernelArgs& args, size_t begin, size_t end);
 /// Moves the same bytes as AdamRange over [begin, end) with trivial arithmetic.

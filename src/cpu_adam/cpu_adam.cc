@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -260,6 +262,15 @@ std::string_view ToString(ParamCopy copy) {
 int DefaultAdamThreads() {
   const Topology* topology = AdamTopology();
   return topology != nullptr ? std::max(1, topology->PhysicalCores()) : omp_get_num_procs();
+}
+
+void internal::CopyWithAdamThreads(void* dst, const void* src, uint64_t bytes, int threads) {
+  constexpr size_t kTile = size_t{1} << 20;  // bytes per tile
+  ForTiles(bytes, kTile, threads > 0 ? threads : DefaultAdamThreads(),
+           [dst, src](size_t begin, size_t end) {
+             std::memcpy(static_cast<std::byte*>(dst) + begin,
+                         static_cast<const std::byte*>(src) + begin, end - begin);
+           });
 }
 
 void internal::SetCpuAdamCoreBinding(bool bind) {

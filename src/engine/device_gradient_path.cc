@@ -3,7 +3,7 @@
 // several micro-batches, each lands in `landing` and the worker adds it into the fp32 sums);
 // with one micro-batch the GPU makes each gradient's squares on the way. The update's chunks
 // go up from where their gradient landed (state in host memory: written over it) or from
-// pinned staging slots (NVMe state, whose failed step keeps the gradients).
+// pinned staging slots (where the gradients must stay: NVMe state, overlap "backward").
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -41,7 +41,8 @@ class DeviceGradientPath final : public GradientPath {
     DevicePath::Landed landed = [this](DevicePath::Piece piece) {
       core_.worker.Push({piece.host, piece.bytes, piece.tag});
     };
-    up_in_place_ = core_.state->home() == StateHome::kHost;
+    up_in_place_ = core_.state->home() == StateHome::kHost &&
+                   !(core_.schedule->KeepsGradients() && core_.accumulation == 1);
     ZO_ASSIGN_OR_RETURN(device_, DevicePath::Create(*core_.rt, bucket,
                                                     up_in_place_ ? 0 : core_.options.staging_slots,
                                                     core_.state->chunk_elements() * widest,
@@ -175,9 +176,10 @@ class DeviceGradientPath final : public GradientPath {
   EngineCore& core_;
   std::unique_ptr<DevicePath> device_;
   // With the state in host memory each chunk's new values are written over its gradient where
-  // it landed (the update has read it) and uploaded from there; a retried Step after an error
-  // needs the gradients only with NVMe state, which goes through the staging slots (`slot_`:
-  // the chunk being updated).
+  // it landed (the update has read it) and uploaded from there; where the gradients must stay
+  // (NVMe state, whose failed step may be retried; a speculating schedule, whose step may be
+  // redone, with one micro-batch) they go through the staging slots (`slot_`: the chunk being
+  // updated).
   bool up_in_place_ = false;
   std::byte* slot_ = nullptr;
   // With one micro-batch the GPU makes each gradient's squares as it goes down.

@@ -313,7 +313,11 @@ Status EngineCore::LoadState(EngineParam& p, const float* master, const void* m,
   ZO_RETURN_IF_ERROR(path->AwaitUpload(p));
   const size_t t = IndexOf(p);
   ZO_RETURN_IF_ERROR(state->Write(t, master, m, v).WithContext(StrCat("LoadState '", p.name, "'")));
-  // The model's parameter follows the master, through the same sink as a step's chunks.
+  return PublishMaster(p, master);
+}
+
+Status EngineCore::PublishMaster(EngineParam& p, const float* master) {
+  const size_t t = IndexOf(p);
   const uint64_t chunk = state->chunk_elements();
   for (uint64_t first = 0; first < p.n; first += chunk) {
     const uint64_t n = std::min(chunk, p.n - first);

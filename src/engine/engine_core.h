@@ -134,6 +134,9 @@ struct EngineCore {
   Status SetGroup(int index, const ParamGroup& group);
   // Parameter `p`'s state (ReadState's layout), and its value in the model, through the path.
   Status LoadState(EngineParam& p, const float* master, const void* m, const void* v);
+  // The model's parameter `p` becomes `master` (p.n floats) in its dtype, through the path, as
+  // a step's chunks go.
+  Status PublishMaster(EngineParam& p, const float* master);
   uint64_t host_bytes() const;
   // Waits until the window's gradients are all in host memory (and summed), and reads their
   // squares where the path made them and no worker has.

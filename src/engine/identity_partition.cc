@@ -44,6 +44,7 @@ class IdentityPartition final : public Partition {
   }
 
   bool TakesExtras() const override { return true; }
+  bool UpdatesOnLanding() const override { return true; }
   Status Take(size_t i, const void* grad, bool add, bool last, void* stream) override {
     return core_.path->Hand(i, grad, add, last, stream);
   }

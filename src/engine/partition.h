@@ -51,6 +51,9 @@ class Partition {
   virtual Status Load(const std::string& dir) = 0;
   /// Host bytes held beyond the state: gradient buffers, staging.
   virtual uint64_t host_bytes() const = 0;
+  /// Whether a parameter may be updated as soon as its gradient has landed (overlap
+  /// "backward"; "auto" chooses it where this holds): this process owns all of the state.
+  virtual bool UpdatesOnLanding() const = 0;
   /// The trace track on which each whole Step is a span "step" (null: none).
   virtual const char* step_track() const { return nullptr; }
 };

@@ -2,7 +2,9 @@
 // implementation per mode (step_schedules.cc):
 // - none: Step waits for every gradient, then norm, skip, clip and the update (exact);
 // - backward: each parameter is updated on an updater thread as soon as its gradient has
-//   landed and been checked, while backward goes on (exact without clipping);
+//   landed, while backward goes on, speculatively: with its state kept aside first, so that
+//   Step, once the global norm is known, either commits the updates (no clipping needed, every
+//   gradient finite) or undoes them and runs the exact step (always the result of none);
 // - delayed: Step launches the window's whole update on the worker and returns; it runs under
 //   the next window's forward and backward, whose gradients wait for it parameter by
 //   parameter (one step stale).
@@ -52,6 +54,9 @@ class StepSchedule {
   virtual Status Flush(void* /*stream*/) { return Status::Ok(); }
   /// Whether Hand may take a gradient where the caller wrote it in the engine's buffer.
   virtual bool TakesInPlace() const { return true; }
+  /// Whether the landed gradients must outlive the updates made from them (a step may be
+  /// redone): the new values then go up from staging slots, never from over a gradient.
+  virtual bool KeepsGradients() const { return false; }
   /// GradientNorm before Step.
   virtual Status CanReportNorm() const;
   /// A max norm for clipping from the next Step on.

@@ -1,9 +1,15 @@
 // The three StepSchedules (step_schedule.h): overlap none, backward and delayed.
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "common/config_rules.h"
 #include "common/strings.h"
+#include "common/topology.h"
 #include "common/trace.h"
 #include "cpu_adam/adam_math.h"
 #include "engine/engine_core.h"
@@ -24,52 +30,54 @@ void Report(const AdamStepResult& result, EngineStepStats* stats) {
 
 // ---- none ---------------------------------------------------------------------------------
 
+// The exact step: the partition gives the norm where it is known before the update (else the
+// state's step makes it in its pass), the owned gradients and where the new values go, then
+// sends them on. A partition that owns nothing takes the same skip and clip decision.
+Status ExactStep(EngineCore& e, EngineStepStats* stats) {
+  const AdamHyper base = e.NextBase();
+  const std::vector<AdamHyper> hypers = GroupHypers(e.groups, base);
+  auto norm = e.partition->Norm(e.state == nullptr);
+  const float max_norm = static_cast<float>(e.config.gradient_clipping);
+  Result<AdamStepResult> result = AdamStepResult{};
+  if (!norm.ok()) {
+    result = norm.status();
+  } else if (e.state != nullptr) {
+    const std::vector<TensorGrads> grads = e.partition->Grads(hypers);  // (into `hypers`)
+    result = e.state->Step(grads, base, stats->loss_scale, max_norm, e.partition->Sink(), {},
+                           *norm ? &**norm : nullptr);
+  } else if (!(*norm)->finite) {
+    result->skipped = true;
+    result->grad_norm = NonfiniteNorm((*norm)->l2);
+  } else {
+    ClipAndUnscale((*norm)->l2, stats->loss_scale, max_norm, &result->grad_norm,
+                   &result->clip_coef);
+  }
+  e.window_norm.reset();
+  ZO_RETURN_IF_ERROR(result.status().WithContext("Step"));
+  Report(*result, stats);
+  if (!result->skipped) {
+    ++e.steps;
+    if (e.state != nullptr) {
+      const StepStats& s = e.state->last_step();
+      stats->adam_seconds = s.adam_seconds;
+      stats->io_wait_seconds = s.io_wait_seconds;
+      stats->nvme_bytes_read = s.bytes_read;
+      stats->nvme_bytes_written = s.bytes_written;
+    }
+  }
+  ZO_RETURN_IF_ERROR(e.partition->Finish(result->skipped).WithContext("Step"));
+  e.scaler.Update(result->skipped);
+  return Status::Ok();
+}
+
 class ExactSchedule final : public StepSchedule {
  public:
   explicit ExactSchedule(EngineCore& core) : core_(core) {}
   Overlap mode() const override { return Overlap::kNone; }
   bool NormsOnLanding() const override { return true; }
   Status CanReportNorm() const override { return Status::Ok(); }
-
-  // The partition gives the norm where it is known before the update (else the state's step
-  // makes it in its pass), the owned gradients and where the new values go, then sends them
-  // on. A partition that owns nothing takes the same skip and clip decision.
   Status Step(EngineStepStats* stats, Status* /*outcome*/) override {
-    EngineCore& e = core_;
-    const AdamHyper base = e.NextBase();
-    const std::vector<AdamHyper> hypers = GroupHypers(e.groups, base);
-    auto norm = e.partition->Norm(e.state == nullptr);
-    const float max_norm = static_cast<float>(e.config.gradient_clipping);
-    Result<AdamStepResult> result = AdamStepResult{};
-    if (!norm.ok()) {
-      result = norm.status();
-    } else if (e.state != nullptr) {
-      const std::vector<TensorGrads> grads = e.partition->Grads(hypers);  // (into `hypers`)
-      result = e.state->Step(grads, base, stats->loss_scale, max_norm, e.partition->Sink(), {},
-                             *norm ? &**norm : nullptr);
-    } else if (!(*norm)->finite) {
-      result->skipped = true;
-      result->grad_norm = NonfiniteNorm((*norm)->l2);
-    } else {
-      ClipAndUnscale((*norm)->l2, stats->loss_scale, max_norm, &result->grad_norm,
-                     &result->clip_coef);
-    }
-    e.window_norm.reset();
-    ZO_RETURN_IF_ERROR(result.status().WithContext("Step"));
-    Report(*result, stats);
-    if (!result->skipped) {
-      ++e.steps;
-      if (e.state != nullptr) {
-        const StepStats& s = e.state->last_step();
-        stats->adam_seconds = s.adam_seconds;
-        stats->io_wait_seconds = s.io_wait_seconds;
-        stats->nvme_bytes_read = s.bytes_read;
-        stats->nvme_bytes_written = s.bytes_written;
-      }
-    }
-    ZO_RETURN_IF_ERROR(e.partition->Finish(result->skipped).WithContext("Step"));
-    e.scaler.Update(result->skipped);
-    return Status::Ok();
+    return ExactStep(core_, stats);
   }
 
  private:
@@ -78,9 +86,22 @@ class ExactSchedule final : public StepSchedule {
 
 // ---- backward -----------------------------------------------------------------------------
 
-// The updater thread takes each parameter once the worker has checked its gradient (its norm
-// part, inf/NaN before anything is written), in that order, and updates it (the upload of each
-// chunk follows at once), while the worker checks the next.
+// Speculation. The updater thread takes each parameter once the worker has made its norm
+// part, in landing order, keeps its state aside (OptimizerState::Keep) and updates it with
+// clip coefficient 1 (the upload of each chunk follows at once), while backward goes on. It
+// stops speculating once the squares so far already exceed gradient_clipping or a gradient
+// holds inf/NaN; a parameter with no room for its copy (zoffload.rollback_bytes) waits. Step
+// then makes the decision overlap "none" makes, from the same norm: no clipping and all finite
+// commits (the waiting parameters are updated now, as they would be); otherwise the kept
+// states come back (a swap of buffers) and the exact step runs over the untouched state and
+// the gradients, which stayed where they landed. Either way the result is none's, bit for bit.
+// After a step that clipped or overflowed, or changed the loss scale, the next one runs exact
+// without speculating (a redo would likely follow).
+// Where only an inf/NaN gradient could make a step redo (no clipping so far, no fp16; from the
+// second window on, when a loop that clips has set it), a parameter with no room for its copy
+// is updated without one rather than wait: should a later gradient then hold inf/NaN, the step
+// cannot be undone, and is made as far as it can be (every finite gradient applied), Step
+// failing with DATA_LOSS naming the others.
 class BackwardSchedule final : public StepSchedule {
  public:
   explicit BackwardSchedule(EngineCore& core) : core_(core) {
@@ -90,42 +111,92 @@ class BackwardSchedule final : public StepSchedule {
   Overlap mode() const override { return Overlap::kBackward; }
   bool NormsOnLanding() const override { return true; }
   bool UpdatesOnLanding() const override { return true; }
+  bool KeepsGradients() const override { return true; }
+  Status CanReportNorm() const override { return Status::Ok(); }
 
   void BeginWindow() override {
-    base_ = core_.NextBase();
-    hypers_ = GroupHypers(core_.groups, base_);
-    nonfinite_.clear();
+    EngineCore& e = core_;
+    base_ = e.NextBase();
+    hypers_ = GroupHypers(e.groups, base_);
     status_ = Status::Ok();
     stats_ = StepStats{};
+    deferred_.clear();
+    speculated_ = 0;
+    squares_so_far_ = 0;
+    stopped_ = false;
+    no_room_ = false;
+    uncopied_ = false;
+    may_go_uncopied_ =
+        !e.config.fp16.enabled && e.config.gradient_clipping == 0 && windows_ > 0 && !clipped_ever_;
+    ++windows_;
+    why_ = next_why_;
+    loss_scale_ = e.scaler.scale();
+    grad_scale_ = static_cast<float>(1.0 / static_cast<double>(loss_scale_));
+    max_norm_ = e.config.gradient_clipping;
+    if (!room_) room_ = RollbackRoom();
   }
-  void Landed(size_t i) override { updater_.Push(i); }
+  void Landed(size_t i) override {
+    if (why_.empty()) updater_.Push(i);
+  }
   void AwaitUpdates() override { updater_.AwaitAll(); }
 
-  // Each parameter was updated as its gradient landed; the norm is their parts added in
-  // parameter order, as the exact step adds them.
   Status Step(EngineStepStats* stats, Status* outcome) override {
     EngineCore& e = core_;
-    ZO_RETURN_IF_ERROR(status_.WithContext("Step (overlap \"backward\")"));
-    stats->grad_norm = NormOf(e.squares).l2;
-    stats->adam_seconds = stats_.adam_seconds;
+    clipped_ever_ = clipped_ever_ || e.config.gradient_clipping > 0;
+    if (!status_.ok()) {  // the updates come back; the next Step runs exact (the model too)
+      e.state->Undo();
+      next_why_ = why_ = "a failed update during backward";
+      return std::exchange(status_, Status::Ok()).WithContext("Step (overlap \"backward\")");
+    }
+    if (!why_.empty()) return Exact(stats, "exact", why_);
+    // The decision overlap "none" makes, from the norm it uses.
+    ZO_ASSIGN_OR_RETURN(const std::optional<GradNorm> norm, e.partition->Norm(true));
+    double grad_norm = 0;
+    float clip_coef = 1;
+    if (norm->finite) {
+      ClipAndUnscale(norm->l2, stats->loss_scale, static_cast<float>(e.config.gradient_clipping),
+                     &grad_norm, &clip_coef);
+    }
+    if (!norm->finite && uncopied_) return Unrecoverable(stats, outcome);
+    if (!norm->finite || clip_coef != 1.0f) {
+      const std::vector<size_t> undone = e.state->Undo();
+      ZO_RETURN_IF_ERROR(Exact(stats, "redone",
+                               !norm->finite
+                                   ? "the gradients hold inf/NaN"
+                                   : StrCat("the norm ", grad_norm, " is above gradient_clipping ",
+                                            e.config.gradient_clipping)));
+      if (!stats->skipped) return Status::Ok();  // the exact step sent every parameter anew
+      for (size_t i : undone) {                  // the model as before the step
+        ZO_RETURN_IF_ERROR(e.PublishMaster(e.params[i], e.state->host_master(i))
+                               .WithContext("Step (overlap \"backward\", skipped)"));
+      }
+      return Status::Ok();
+    }
+    e.state->Commit();
+    stats->speculation = "committed";
+    stats->speculated_elements = speculated_;
+    if (no_room_) stats->speculation_why = "some parameters waited for room for their copies";
+    e.window_norm.reset();
     ++e.steps;
-    if (nonfinite_.empty()) return Status::Ok();
-    std::vector<std::string> names;
-    for (size_t i : nonfinite_) names.push_back(StrCat("'", e.params[i].name, "'"));
-    *outcome = DataLossError(
-        StrCat("Step: the gradients of ", nonfinite_.size(), " parameters (", FirstFew(names, ", "),
-               ") hold inf/NaN and were not applied; under zoffload.overlap \"backward\" the "
-               "other parameters were already updated during backward (overlap \"none\" skips "
-               "the whole step instead)"));
+    stats->grad_norm = grad_norm;
+    for (size_t i : deferred_) {  // after the commit: an error here leaves the step half made
+      *outcome = Update(i);
+      if (!outcome->ok()) break;
+    }
+    stats->adam_seconds = stats_.adam_seconds;
+    ZO_RETURN_IF_ERROR(e.partition->Finish(false).WithContext("Step"));
+    e.scaler.Update(false);
+    next_why_ = e.scaler.scale() != stats->loss_scale ? "the loss scale changed" : "";
     return Status::Ok();
   }
 
   Status CanClip(double max_norm) const override {
-    if (max_norm == 0) return Status::Ok();
-    return FailedPreconditionError(
-        StrCat("SetGradientClipping ", max_norm,
-               ": zoffload.overlap \"backward\" updates each parameter before the global norm "
-               "exists; use overlap \"none\" to clip"));
+    if (max_norm == 0 || !may_go_uncopied_ || core_.grads_in_window == 0) return Status::Ok();
+    return FailedPreconditionError(StrCat(
+        "SetGradientClipping ", max_norm,
+        ": under zoffload.overlap \"backward\" this step's updates run during backward, where "
+        "no room is left for copies to undo them, as no clipping was set; set the clipping "
+        "before the first backward of a step, or zoffload.rollback_bytes for every parameter"));
   }
   Status CanChangeGroup(int index, const ParamGroup& group) const override {
     if (core_.grads_in_window == 0 || core_.groups[static_cast<size_t>(index)] == group) {
@@ -138,30 +209,113 @@ class BackwardSchedule final : public StepSchedule {
   }
 
  private:
-  // On the updater: parameter i's update, once its gradient is checked.
-  void UpdateOne(size_t i) {
-    if (!core_.squares[i].finite) {
-      nonfinite_.push_back(i);
-      return;
+  // zoffload.rollback_bytes, or 3/4 of the host memory free now (the first window: the state
+  // and the engine's buffers are in place).
+  uint64_t RollbackRoom() const {
+    if (const std::optional<uint64_t>& set = core_.config.zoffload.rollback_bytes) return *set;
+    const uint64_t free = AvailableHostMemory();
+    return free == UINT64_MAX ? 0 : free / 4 * 3;
+  }
+
+  // The exact step after backward (`kind`: "exact" or "redone", for `why`); the next window
+  // speculates unless this step clipped, skipped or moved the loss scale.
+  Status Exact(EngineStepStats* stats, std::string_view kind, std::string why) {
+    ZO_RETURN_IF_ERROR(ExactStep(core_, stats));
+    stats->speculation = std::string(kind);
+    stats->speculation_why = std::move(why);
+    if (kind == "redone") stats->speculated_elements = speculated_;
+    next_why_ = stats->skipped ? "the last step's gradients held inf/NaN"
+                : stats->clip_coef != 1.0f
+                    ? StrCat("the last step clipped (norm ", stats->grad_norm, ")")
+                : core_.scaler.scale() != stats->loss_scale ? "the loss scale changed"
+                                                            : "";
+    return Status::Ok();
+  }
+
+  // An inf/NaN gradient after updates made without copies: every finite gradient is applied
+  // (the kept copies dropped), the others are left out and named.
+  Status Unrecoverable(EngineStepStats* stats, Status* outcome) {
+    EngineCore& e = core_;
+    e.state->Commit();
+    std::vector<std::string> names;
+    for (size_t i = 0; i < e.params.size(); ++i) {
+      if (!e.squares[i].finite) names.push_back(StrCat("'", e.params[i].name, "'"));
     }
+    for (size_t i : deferred_) {
+      if (e.squares[i].finite) ZO_RETURN_IF_ERROR(Update(i).WithContext("Step"));
+    }
+    e.window_norm.reset();
+    ++e.steps;
+    stats->speculation = "committed";
+    stats->speculation_why = "inf/NaN after updates without copies";
+    stats->speculated_elements = speculated_;
+    stats->grad_norm = NonfiniteNorm(NormOf(e.squares).l2);
+    stats->adam_seconds = stats_.adam_seconds;
+    *outcome = DataLossError(
+        StrCat("Step: the gradients of ", names.size(), " parameters (", FirstFew(names, ", "),
+               ") hold inf/NaN and were not applied; under zoffload.overlap \"backward\" the other "
+               "parameters were updated during backward without room to undo them "
+               "(zoffload.rollback_bytes), so the step could not be skipped as overlap \"none\" "
+               "skips it"));
+    return Status::Ok();
+  }
+
+  // Parameter i's update with clip coefficient 1, timed into stats_.
+  Status Update(size_t i) {
     const auto start = EngineClock::now();
-    if (status_.ok()) {
-      const TensorGrads g = core_.GradsOf(i, &hypers_[core_.params[i].group]);
-      status_ = core_.state->UpdateTensor(i, g, base_, core_.path.get(), &stats_);
-    }
+    const TensorGrads g = core_.GradsOf(i, &hypers_[core_.params[i].group]);
+    const Status s = core_.state->UpdateTensor(i, g, base_, grad_scale_, core_.path.get(), &stats_);
     if (Tracer* tracer = core_.rt->tracer()) {
       tracer->Record(kWorkerTrack, core_.params[i].name, start, EngineClock::now());
     }
+    return s;
+  }
+
+  // On the updater: parameter i, speculatively if it still may be (see the class comment).
+  void UpdateOne(size_t i) {
+    if (!status_.ok()) return;
+    const GradSquares& sq = core_.squares[i];
+    squares_so_far_ += sq.sum;
+    stopped_ = stopped_ || !sq.finite ||
+               (max_norm_ > 0 && std::sqrt(squares_so_far_) / loss_scale_ > max_norm_);
+    if (!stopped_) {
+      Result<bool> kept = core_.state->Keep(i, *room_);
+      if (!kept.ok()) {
+        status_ = kept.status();
+        return;
+      }
+      if (*kept || may_go_uncopied_) {
+        uncopied_ = uncopied_ || !*kept;
+        status_ = Update(i);
+        speculated_ += core_.params[i].n;
+        return;
+      }
+      no_room_ = true;
+    }
+    deferred_.push_back(i);
   }
 
   EngineCore& core_;
   Lane<size_t> updater_;
+  std::optional<uint64_t> room_;  // for the kept copies: fixed at the first window
+  std::string next_why_;          // why the next window will not speculate (empty: it will)
   // Per window: fixed at its first gradient, then the updater's (read after AwaitUpdates).
+  std::string why_;
   AdamHyper base_;
   std::vector<AdamHyper> hypers_;
-  std::vector<size_t> nonfinite_;  // parameters whose gradient had inf/NaN
-  Status status_;                  // the updater's first error
-  StepStats stats_;                // CPU Adam time
+  float loss_scale_ = 1, grad_scale_ = 1;
+  double max_norm_ = 0;
+  double squares_so_far_ = 0;     // raw, in landing order
+  bool stopped_ = false;          // no more speculation in this window
+  bool no_room_ = false;          // a parameter found no room for its copy, and waited
+  bool may_go_uncopied_ = false;  // only inf/NaN can redo this window (see the class comment)
+  bool uncopied_ = false;         // a parameter was updated without a copy
+  int64_t windows_ = 0;           // windows begun
+  bool clipped_ever_ = false;     // a Step had clipping set
+  std::vector<size_t> deferred_;  // landed, not updated: the step updates them if it commits
+  uint64_t speculated_ = 0;       // elements updated during backward
+  Status status_;                 // the updater's first error
+  StepStats stats_;               // CPU Adam time
 };
 
 // ---- delayed ------------------------------------------------------------------------------
@@ -314,12 +468,15 @@ Status StepSchedule::CanReportNorm() const {
 }
 
 std::unique_ptr<StepSchedule> MakeSchedule(EngineCore& core) {
-  switch (core.config.zoffload.overlap) {
+  Overlap& mode = core.config.zoffload.overlap;
+  mode = ChosenOverlap(core.config, !core.partition->UpdatesOnLanding());
+  switch (mode) {
     case Overlap::kBackward:
       return std::make_unique<BackwardSchedule>(core);
     case Overlap::kDelayed:
       return std::make_unique<DelayedSchedule>(core);
     case Overlap::kNone:
+    case Overlap::kAuto:  // resolved above
       break;
   }
   return std::make_unique<ExactSchedule>(core);

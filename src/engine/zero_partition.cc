@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 
+#include "common/config_rules.h"
 #include "common/strings.h"
 #include "common/trace.h"
 #include "cpu_adam/adam_math.h"
@@ -80,7 +81,7 @@ Status ZeroPartition::Plan(const ZeroOptions& options, uint64_t align) {
         StrCat("ZeRO: zero_optimization.stage must be 1, 2 or 3 to partition across ranks, got ",
                zc.stage));
   }
-  if (core_.config.zoffload.overlap != Overlap::kNone) {
+  if (ChosenOverlap(core_.config, true) != Overlap::kNone) {
     return InvalidArgumentError(
         "ZeRO: zoffload.overlap must be \"none\" with zero_optimization across ranks (the "
         "update needs every rank's gradients first)");

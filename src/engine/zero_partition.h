@@ -38,6 +38,7 @@ class ZeroPartition final : public Partition {
   Status CreateState(RuntimeContext& context, const OptimizerStateOptions& options) override;
   Status Initialize() override;
   bool TakesExtras() const override { return false; }
+  bool UpdatesOnLanding() const override { return false; }
   Status Take(size_t i, const void* grad, bool add, bool last, void* stream) override;
   void* InPlaceBuffer(EngineParam& p) override;
   Result<std::optional<GradNorm>> Norm(bool now) override;

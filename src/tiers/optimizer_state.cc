@@ -248,7 +248,7 @@ uint64_t OptimizerState::host_bytes() const {
     for (const HostMemory& b : *list) total += b.size();
   }
   for (const auto& slot : slots_) total += slot->images.size();
-  return total;
+  return total + copy_bytes_;
 }
 
 namespace {
@@ -489,14 +489,53 @@ Status OptimizerState::UpdateHostChunk(size_t i, uint64_t first, const TensorGra
 }
 
 Status OptimizerState::UpdateTensor(size_t t, const TensorGrads& grads, const AdamHyper& hyper,
-                                    ParamSink* sink, StepStats* stats) {
+                                    float grad_scale, ParamSink* sink, StepStats* stats) {
   ZO_RETURN_IF_ERROR(broken_);
   if (t >= tensors_.size() || !in_host(t) || grads.grads == nullptr) {
     return InvalidArgumentError(
         StrCat("optimizer update: tensor ", t, " is not a tensor in host memory with gradients"));
   }
-  return UpdateHostTensor(t, grads, hyper, 1.0f, sink, stats);
+  return UpdateHostTensor(t, grads, hyper, grad_scale, sink, stats);
 }
+
+Result<bool> OptimizerState::Keep(size_t t, uint64_t room) {
+  if (t >= tensors_.size() || !in_host(t)) {
+    return InvalidArgumentError(
+        StrCat("optimizer state: tensor ", t, " is not a tensor in host memory to keep"));
+  }
+  if (copy_params_.empty()) {
+    copy_params_.resize(tensors_.size());
+    copy_m_.resize(tensors_.size());
+    copy_v_.resize(tensors_.size());
+  }
+  const uint64_t bytes = params_[t].size() + m_[t].size() + v_[t].size();
+  if (copy_params_[t].empty()) {
+    if (copy_bytes_ + bytes > room) return false;
+    const std::string what = StrCat("the rollback copy of '", tensors_[t].name, "'s state");
+    ZO_ASSIGN_OR_RETURN(copy_params_[t], rt_->AllocateHost(params_[t].size(), what, false));
+    ZO_ASSIGN_OR_RETURN(copy_m_[t], rt_->AllocateHost(m_[t].size(), what, false));
+    ZO_ASSIGN_OR_RETURN(copy_v_[t], rt_->AllocateHost(v_[t].size(), what, false));
+    copy_bytes_ += bytes;
+  }
+  for (auto [state, copy] :
+       {std::pair{&params_, &copy_params_}, {&m_, &copy_m_}, {&v_, &copy_v_}}) {
+    CopyWithAdamThreads((*copy)[t].data(), (*state)[t].data(), (*state)[t].size(),
+                        options_.threads);
+  }
+  kept_.push_back(t);
+  return true;
+}
+
+std::vector<size_t> OptimizerState::Undo() {
+  for (size_t t : kept_) {
+    std::swap(params_[t], copy_params_[t]);
+    std::swap(m_[t], copy_m_[t]);
+    std::swap(v_[t], copy_v_[t]);
+  }
+  return std::exchange(kept_, {});
+}
+
+void OptimizerState::Commit() { kept_.clear(); }
 
 Result<StepStats> OptimizerState::IoOnlyPass() {
   if (items_.empty()) {

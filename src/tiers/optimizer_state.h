@@ -138,7 +138,7 @@ class OptimizerState {
   StateHome home() const { return options_.home; }
   /// Whether tensor i's state is in host memory (else on NVMe).
   bool in_host(size_t i) const { return !params_[i].empty(); }
-  /// Host bytes held: the state in host memory and the pipeline slots.
+  /// Host bytes held: the state in host memory, the pipeline slots and Keep's copies.
   uint64_t host_bytes() const;
 
   /// Sets tensor i's state (and writes it durably): master parameters (n floats), and m and v
@@ -159,10 +159,27 @@ class OptimizerState {
   /// The norm pass of Step alone: the raw (loss-scaled) L2 norm of `grads` and whether all are
   /// finite, for a caller that needs it before the step (Step takes it back as `norm`).
   Result<GradNorm> Norm(std::span<const TensorGrads> grads) const;
-  /// CPU Adam over tensor t alone (its state in host memory), gradient scale 1, timed into
-  /// `stats`: a step taken tensor by tensor (no norm, clip or skip here; the caller decides).
-  Status UpdateTensor(size_t t, const TensorGrads& grads, const AdamHyper& hyper, ParamSink* sink,
-                      StepStats* stats);
+  /// CPU Adam over tensor t alone (its state in host memory), the gradients times
+  /// `grad_scale`, timed into `stats`: a step taken tensor by tensor (no norm, clip or skip
+  /// here; the caller decides).
+  Status UpdateTensor(size_t t, const TensorGrads& grads, const AdamHyper& hyper, float grad_scale,
+                      ParamSink* sink, StepStats* stats);
+
+  /// Speculation (an update made before the step knows it may stand: overlap "backward").
+  /// Keep(t), before tensor t's update: its state (host memory) is set aside, so that Undo can
+  /// bring it back. The first Keep of a tensor makes its copy (12 B/param with fp32 moments,
+  /// 8 bf16, about 6 int8; from the host budget) if the copies held stay within `room` bytes,
+  /// else returns false and keeps nothing; a copy, once made, serves every later step. Undo:
+  /// every tensor kept since the last Commit or Undo is as it was before (its copy and its
+  /// state swap places: no bytes move). Commit: the updates stand.
+  Result<bool> Keep(size_t t, uint64_t room);
+  /// Returns the tensors it brought back.
+  std::vector<size_t> Undo();
+  void Commit();
+  /// Tensor t's master parameters (n floats), its state in host memory.
+  const float* host_master(size_t t) const { return params_[t].as<float>(); }
+  /// Bytes of the copies Keep made.
+  uint64_t kept_copy_bytes() const { return copy_bytes_; }
   /// The same reads and writes as an NVMe step, without the update: the time the disk needs
   /// for a step's bytes (the I/O bound). State is rewritten unchanged.
   Result<StepStats> IoOnlyPass();
@@ -226,6 +243,11 @@ class OptimizerState {
   // The moments are laid out chunk after chunk, as in the swap tensor: chunk c's image
   // (codes, then for int8 its scales) at AdamMomentBytes(precision, c * chunk_).
   std::vector<HostMemory> params_, m_, v_;
+  // Keep's copies (empty until a tensor's first Keep), and the tensors kept since the last
+  // Commit or Undo.
+  std::vector<HostMemory> copy_params_, copy_m_, copy_v_;
+  uint64_t copy_bytes_ = 0;
+  std::vector<size_t> kept_;
   Runtime* rt_ = nullptr;
   Tracer* tracer_ = nullptr;  // the context's
   // The NVMe part.

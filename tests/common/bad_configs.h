@@ -83,11 +83,6 @@ inline std::vector<BadConfig> BadConfigs() {
       {"fp16.min_loss_scale", [](Config& c) { c.fp16.min_loss_scale = 0.0; }},
       {"zoffload.overlap",
        [](Config& c) {
-         c.zoffload.overlap = Overlap::kBackward;
-         c.gradient_clipping = 1.0;
-       }},
-      {"zoffload.overlap",
-       [](Config& c) {
          c.zoffload.overlap = Overlap::kDelayed;
          c.fp16.enabled = true;
          c.bf16.enabled = false;

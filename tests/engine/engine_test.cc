@@ -1,5 +1,6 @@
 #include "zoffload/engine.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -7,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -603,8 +606,20 @@ struct Run {
   std::vector<std::vector<std::vector<uint16_t>>> visible;
   std::vector<std::vector<uint16_t>> flushed;
   std::vector<std::vector<float>> masters;
+  std::vector<std::vector<std::byte>> moments;  // m then v, each parameter
   std::vector<double> norms;
   std::vector<int64_t> steps;
+  std::vector<bool> skipped;
+  std::vector<float> loss_scales;
+  std::vector<std::string> speculation;  // EngineStepStats::speculation, each step
+};
+
+// What Train feeds beyond the schedule: clipping set from the loop each step (as
+// clip_grad_norm_ does: SetGradientClipping, then GradientNorm, whose value must be the step's
+// norm), and an inf in one gradient element at some steps.
+struct Feed {
+  double loop_clip = 0;        // > 0: the loop clips to it
+  std::vector<int> inf_steps;  // these steps' gradients hold an inf
 };
 
 // A checkpoint in the middle of Train: after step `after`, Save into `dir`, drop the engine,
@@ -618,7 +633,7 @@ struct Resume {
 // kSteps steps of fixed gradients (they do not depend on the parameters, so every mode
 // applies the same updates; only when the model sees them differs), a schedule changing the
 // learning rate between steps; the model on the GPU when `gpu`, else in host memory.
-Run Train(const Config& config, bool gpu, const Resume* resume = nullptr) {
+Run Train(const Config& config, bool gpu, const Resume* resume = nullptr, const Feed& feed = {}) {
   Run run;
   Model model(7);
   std::vector<ParameterSpec> specs = model.Specs();
@@ -667,7 +682,10 @@ Run Train(const Config& config, bool gpu, const Resume* resume = nullptr) {
         EXPECT_TRUE((*engine)->SetGroup(g, group).ok());
       }
       for (int micro = 0; micro < accumulation; ++micro) {
-        const auto grads = Grads(1000 * step + micro);
+        auto grads = Grads(1000 * step + micro);
+        if (std::ranges::find(feed.inf_steps, step) != feed.inf_steps.end() && micro == 0) {
+          grads[3][5] = 0x7F80;  // +inf
+        }
         for (size_t i = kSizes.size(); i-- > 0;) {  // backward order
           const void* g = grads[i].data();
           // Host mode: in the engine's own memory for it, where it takes the gradient in place.
@@ -694,11 +712,24 @@ Run Train(const Config& config, bool gpu, const Resume* resume = nullptr) {
 #endif
         }
       }
+      std::optional<double> loop_norm;
+      if (feed.loop_clip > 0) {
+        EXPECT_TRUE((*engine)->SetGradientClipping(feed.loop_clip).ok());
+        auto norm = (*engine)->GradientNorm();
+        EXPECT_TRUE(norm.ok()) << norm.status();
+        if (norm.ok()) loop_norm = *norm;
+      }
       auto stats = (*engine)->Step();
       EXPECT_TRUE(stats.ok()) << stats.status();
       if (!stats.ok()) return run;
+      if (loop_norm && std::isfinite(*loop_norm)) {
+        EXPECT_EQ(*loop_norm, stats->grad_norm);
+      }
       run.norms.push_back(stats->grad_norm);
       run.steps.push_back(stats->step);
+      run.skipped.push_back(stats->skipped);
+      run.loss_scales.push_back(stats->loss_scale);
+      run.speculation.push_back(stats->speculation);
       EXPECT_TRUE((*engine)->WaitParameters(stream).ok());
       run.visible.push_back(visible());
       if (resume != nullptr && step == resume->after) {
@@ -732,6 +763,8 @@ Run Train(const Config& config, bool gpu, const Resume* resume = nullptr) {
       std::vector<std::byte> v(m.size());
       EXPECT_TRUE((*engine)->ReadState(Name(i), p.data(), m.data(), v.data()).ok());
       run.masters.push_back(std::move(p));
+      run.moments.push_back(std::move(m));
+      run.moments.push_back(std::move(v));
     }
   }
 #if ZO_HAVE_CUDA
@@ -816,7 +849,91 @@ void ExpectResumeIsExact(bool gpu) {
   }
 }
 
+// The overlap config with clipping to `clip`, state `precision`, fp16 with dynamic loss
+// scaling (a window of 3 steps: the scale moves often) or bf16, and `room` for the rollback
+// copies (absent: the default).
+Config SpeculationConfig(int accumulation, const std::string& overlap, double clip,
+                         StatePrecision precision, bool fp16, std::optional<uint64_t> room) {
+  Config c = OverlapConfig(accumulation, overlap, 0);
+  c.gradient_clipping = clip;
+  c.zoffload.optimizer_state = precision;
+  c.zoffload.rollback_bytes = room;
+  if (fp16) {
+    c.bf16.enabled = false;
+    c.fp16.enabled = true;
+    c.fp16.initial_scale_power = 4;
+    c.fp16.loss_scale_window = 3;
+    c.fp16.hysteresis = 1;
+  }
+  return c;
+}
+
+std::vector<uint64_t> Bits(const std::vector<double>& x) {
+  std::vector<uint64_t> bits;
+  for (double d : x) bits.push_back(std::bit_cast<uint64_t>(d));
+  return bits;
+}
+
+// Runs `got` and `want` showed the same: the model after every step, masters, moments, norms
+// (bits: a skipped step's is NaN or inf), step counts, skips and loss scales.
+void ExpectSameRun(const Run& got, const Run& want) {
+  ASSERT_EQ(got.visible.size(), static_cast<size_t>(kSteps));
+  ASSERT_EQ(want.visible.size(), static_cast<size_t>(kSteps));
+  for (int t = 0; t < kSteps; ++t) EXPECT_EQ(got.visible[t], want.visible[t]) << "step " << t + 1;
+  EXPECT_EQ(got.masters, want.masters);
+  EXPECT_EQ(got.moments, want.moments);
+  EXPECT_EQ(Bits(got.norms), Bits(want.norms));
+  EXPECT_EQ(got.steps, want.steps);
+  EXPECT_EQ(got.skipped, want.skipped);
+  EXPECT_EQ(got.loss_scales, want.loss_scales);
+}
+
+// Overlap "backward" with clipping (the max norm the median step norm: about half the steps
+// clip), an inf at steps 6 and 13 (skipped), fp16 loss scaling or bf16, each state precision,
+// accumulation 1 and 3, room for every copy or for a few (the rest wait until the step), and
+// clipping from the loop instead of the config: the run is overlap "none"'s, bit for bit; and
+// it did speculate: some steps committed, some were redone, some ran exact by choice.
+void ExpectSpeculationIsExact(bool gpu) {
+  for (int accumulation : {1, 3}) {
+    for (StatePrecision precision : {StatePrecision::kFp32, StatePrecision::kInt8}) {
+      for (bool fp16 : {false, true}) {
+        SCOPED_TRACE(StrCat("accumulation ", accumulation, ", ", ToString(precision),
+                            fp16 ? ", fp16" : ", bf16"));
+        auto config = [&](const char* overlap, double clip, std::optional<uint64_t> room = {}) {
+          return SpeculationConfig(accumulation, overlap, clip, precision, fp16, room);
+        };
+        const Feed infs{0, {6, 13}};
+        std::vector<double> norms;  // the finite ones (clipping changes neither them nor the scale)
+        for (double norm : Train(config("none", 0), gpu, nullptr, infs).norms) {
+          if (std::isfinite(norm)) norms.push_back(norm);
+        }
+        ASSERT_EQ(norms.size(), static_cast<size_t>(kSteps - 2));
+        std::ranges::sort(norms);
+        const double clip = norms[norms.size() / 2];
+        const Run exact = Train(config("none", clip), gpu, nullptr, infs);
+        std::map<std::string, int> kinds;
+        for (std::optional<uint64_t> room :
+             {std::optional<uint64_t>(), std::optional<uint64_t>(40000)}) {
+          SCOPED_TRACE(room ? "room for a few copies" : "room for all");
+          const Run speculated = Train(config("backward", clip, room), gpu, nullptr, infs);
+          ExpectSameRun(speculated, exact);
+          for (const std::string& kind : speculated.speculation) ++kinds[kind];
+        }
+        SCOPED_TRACE("clipping from the loop");
+        ExpectSameRun(Train(config("backward", 0), gpu, nullptr, Feed{clip, {6, 13}}), exact);
+        EXPECT_GT(kinds["committed"], 0);
+        EXPECT_GT(kinds["redone"], 0);
+        EXPECT_GT(kinds["exact"], 0);
+        EXPECT_EQ(kinds[""], 0);
+      }
+    }
+  }
+}
+
 TEST(EngineCheckpoint, ResumeMidRunIsBitIdentical) { ExpectResumeIsExact(false); }
+TEST(EngineSpeculation, BackwardWithClippingAndOverflowIsTheExactStep) {
+  ExpectSpeculationIsExact(false);
+}
 
 TEST(EngineOverlap, BackwardIsBitIdenticalToTheExactStep) { ExpectBackwardIsExact(false); }
 TEST(EngineOverlap, DelayedRunsOneStepBehindThenFlushes) { ExpectDelayedIsOneStepBehind(false); }
@@ -829,9 +946,7 @@ TEST(EngineOverlap, ImpossibleCombinationsAreConfigErrors) {
     std::string other_key;
   };
   const std::vector<Bad> bad = {
-      {R"({"gradient_clipping": 1.0, "zoffload": {"overlap": "backward"}})", "gradient_clipping"},
       {R"({"fp16": {"enabled": true}, "zoffload": {"overlap": "delayed"}})", "fp16.enabled"},
-      {R"({"fp16": {"enabled": true}, "zoffload": {"overlap": "backward"}})", "fp16.enabled"},
       {"{" + base + R"("nvme", "nvme_path": "/tmp"}}, "zoffload": {"overlap": "backward"}})",
        "offload_optimizer.device"},
       {R"({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
@@ -849,14 +964,21 @@ TEST(EngineOverlap, ImpossibleCombinationsAreConfigErrors) {
     EXPECT_NE(message.find("zoffload."), std::string::npos) << message;
     EXPECT_NE(message.find(b.other_key), std::string::npos) << message;
   }
-  // Clipping is fine with "delayed": its update has every gradient before it starts.
+  // Clipping is fine with "delayed" (its update has every gradient before it starts) and with
+  // "backward" (it redoes a step that clips), fp16 with "backward" and "auto".
+  for (const char* mode : {"delayed", "backward", "auto"}) {
+    EXPECT_TRUE(ParseConfig(StrCat(R"({"gradient_clipping": 1.0, "zoffload": {"overlap": ")", mode,
+                                   R"("}})"))
+                    .ok());
+  }
   EXPECT_TRUE(
-      ParseConfig(R"({"gradient_clipping": 1.0, "zoffload": {"overlap": "delayed"}})").ok());
+      ParseConfig(R"({"fp16": {"enabled": true}, "zoffload": {"overlap": "backward"}})").ok());
 }
 
 // "backward": a group changed after the window's updates began is refused (the updates used
-// the old one); an inf gradient cannot skip the step, and Step says which one was left out.
-TEST(EngineOverlap, BackwardRefusesLateGroupChangesAndReportsInfGradients) {
+// the old one); an inf gradient skips the whole step, as with "none" (the updates already made
+// are undone).
+TEST(EngineOverlap, BackwardRefusesLateGroupChangesAndSkipsInfGradients) {
   Model model(3);
   EngineOptions eo;
   eo.host_params = true;
@@ -874,13 +996,61 @@ TEST(EngineOverlap, BackwardRefusesLateGroupChangesAndReportsInfGradients) {
       EXPECT_TRUE((*engine)->SetGroup(0, Groups()[0]).ok());  // unchanged: fine
     }
   }
-  const std::vector<uint16_t> before = model.params[2];
   auto stats = (*engine)->Step();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_TRUE(stats->skipped);
+  EXPECT_EQ(stats->speculation, "redone");
+  EXPECT_GT(stats->speculated_elements, 0u);  // parameters 5, 4 and 3 went before the inf
+  EXPECT_EQ((*engine)->steps(), 0);
+  EXPECT_EQ(model.params, Model(3).params);  // the model is as before, every parameter
+  // The next step runs exact (the last one overflowed), then speculation resumes.
+  for (const char* want : {"exact", "committed"}) {
+    grads = Grads(6);
+    for (size_t i = kSizes.size(); i-- > 0;) {
+      ASSERT_TRUE((*engine)->GradientReady(Name(i), grads[i].data(), kSizes[i], DType::kBf16).ok());
+    }
+    stats = (*engine)->Step();
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->speculation, want);
+  }
+}
+
+// "backward" with no room for copies (zoffload.rollback_bytes 0): in the first window, where
+// the loop may still set clipping, the updates wait for Step; then, with neither clipping nor
+// fp16, they run during backward without copies. An inf gradient after them cannot be
+// undone: every finite gradient is applied, Step fails with DATA_LOSS naming the other, and
+// clipping set then is refused (the updates it would change were made).
+TEST(EngineOverlap, BackwardWithoutRoomForCopiesAppliesWhatItCanOfAnInfStep) {
+  Model model(3);
+  EngineOptions eo;
+  eo.host_params = true;
+  eo.groups = Groups();
+  Config config = OverlapConfig(1, "backward", 0);
+  config.zoffload.rollback_bytes = 0;
+  auto engine = OffloadEngine::Create(config, model.Specs(), eo);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto feed = [&](int seed, bool inf) {
+    auto grads = Grads(seed);
+    if (inf) grads[0][0] = 0x7F80;  // the last to land
+    for (size_t i = kSizes.size(); i-- > 0;) {
+      ASSERT_TRUE((*engine)->GradientReady(Name(i), grads[i].data(), kSizes[i], DType::kBf16).ok());
+    }
+  };
+  feed(1, false);
+  auto stats = (*engine)->Step();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->speculation, "committed");
+  EXPECT_EQ(stats->speculated_elements, 0u);  // every update waited for Step
+  const std::vector<std::vector<uint16_t>> before = model.params;
+  feed(2, true);
+  EXPECT_EQ((*engine)->SetGradientClipping(1.0).code(), StatusCode::kFailedPrecondition);
+  stats = (*engine)->Step();
   ASSERT_FALSE(stats.ok());
   EXPECT_EQ(stats.status().code(), StatusCode::kDataLoss);
-  EXPECT_NE(stats.status().message().find(Name(2)), std::string::npos) << stats.status();
-  EXPECT_EQ(model.params[2], before);
-  EXPECT_NE(model.params[0], Model(3).params[0]);  // the others were updated
+  EXPECT_NE(stats.status().message().find(Name(0)), std::string::npos) << stats.status();
+  EXPECT_EQ(model.params[0], before[0]);
+  for (size_t i = 1; i < kSizes.size(); ++i) EXPECT_NE(model.params[i], before[i]) << i;
+  EXPECT_EQ((*engine)->steps(), 2);
 }
 
 // ---- checkpoints ----------------------------------------------------------------------
@@ -1077,6 +1247,9 @@ class EngineGpuOverlap : public ::testing::Test {
   }
 };
 TEST_F(EngineGpuOverlap, BackwardIsBitIdenticalToTheExactStep) { ExpectBackwardIsExact(true); }
+TEST_F(EngineGpuOverlap, BackwardWithClippingAndOverflowIsTheExactStep) {
+  ExpectSpeculationIsExact(true);
+}
 TEST_F(EngineGpuOverlap, DelayedRunsOneStepBehindThenFlushes) {
   ExpectDelayedIsOneStepBehind(true);
 }

@@ -358,12 +358,32 @@ def test_overlap_backward_is_identical_and_delayed_trains_one_step_behind():
     assert delayed[-1] < 0.8 * delayed[0], delayed
 
 
-def test_overlap_rejects_clipping_with_backward_naming_both_keys():
-    model = make_model()
-    with pytest.raises(zoffload.ConfigError, match="gradient_clipping") as e:
-        zt.OffloadOptimizer(model.named_parameters(),
-                            config(gradient_clipping=1.0, zoffload={"overlap": "backward"}))
-    assert "zoffload.overlap" in str(e.value)
+def test_overlap_auto_updates_during_backward_and_clips_as_none():
+    """"auto" picks "backward" here (one process, state in host memory); with the config's
+    clipping (about half the steps clip) its steps commit, are redone or run exact, and the
+    run is "none"'s bit for bit."""
+    data = batches(12)
+
+    def run(overlap):
+        model = make_model()
+        opt = zt.OffloadOptimizer(groups_of(model, 0.1),
+                                  config(gradient_clipping=14.0, zoffload={"overlap": overlap}),
+                                  lr=3e-3)
+        kinds = []
+        for (tokens,) in data:
+            loss_of(model, tokens).backward()
+            opt.step()
+            opt.zero_grad()
+            kinds.append(opt.stats()["speculation"])
+        params = [p.detach().clone() for p in model.parameters()]
+        opt.close()
+        return params, kinds
+
+    exact, none_kinds = run("none")
+    auto, auto_kinds = run("auto")
+    assert set(none_kinds) == {""}
+    assert set(auto_kinds) == {"committed", "redone", "exact"}, auto_kinds
+    assert all(torch.equal(a, b) for a, b in zip(auto, exact))
 
 
 def test_save_then_load_in_a_new_process_continues_bit_identically(tmp_path):

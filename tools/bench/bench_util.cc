@@ -23,6 +23,7 @@
 #include "common/json_file.h"
 #include "common/pid_lock.h"
 #include "common/strings.h"
+#include "common/topology.h"
 #include "common/unique_fd.h"
 
 namespace zoffload::internal::bench {
@@ -328,27 +329,6 @@ void CatchStopSignals() {
     ::raise(sig);
   }).detach();
   started.wait();
-}
-
-uint64_t AvailableHostMemory() {
-  uint64_t available = std::numeric_limits<uint64_t>::max();
-  if (auto meminfo = ReadBoundedFile("/proc/meminfo", 1 << 20, "meminfo"); meminfo.ok()) {
-    const size_t at = meminfo->find("MemAvailable:");
-    if (at != std::string::npos) {
-      available = std::strtoull(meminfo->c_str() + at + 13, nullptr, 10) * 1024;  // kB
-    }
-  }
-  // A container's limit (cgroup v2): what its memory.max leaves above memory.current.
-  auto cgroup_value = [](const char* file) -> std::optional<uint64_t> {
-    auto text = ReadBoundedFile(StrCat("/sys/fs/cgroup/", file), 4096, "cgroup file");
-    if (!text.ok() || text->empty() || !std::isdigit(static_cast<unsigned char>((*text)[0]))) {
-      return std::nullopt;  // absent, or "max"
-    }
-    return std::strtoull(text->c_str(), nullptr, 10);
-  };
-  const auto max = cgroup_value("memory.max"), current = cgroup_value("memory.current");
-  if (max && current) available = std::min(available, *max > *current ? *max - *current : 0);
-  return available;
 }
 
 Status CheckHostMemory(std::string_view profile, uint64_t needed, std::string_view what) {

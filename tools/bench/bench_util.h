@@ -84,14 +84,10 @@ class Scratch {
 /// same signal. Call first in main, before any other thread exists.
 void CatchStopSignals();
 
-/// Host memory a run can take now: MemAvailable of /proc/meminfo, lowered to what the cgroup's
-/// memory.max leaves (bytes); UINT64_MAX when neither can be read.
-uint64_t AvailableHostMemory();
-
 /// Refuses, before anything is allocated, a run whose buffers need more host memory than
-/// AvailableHostMemory(): RESOURCE_EXHAUSTED naming `profile`, the bytes needed (`what` says
-/// for what) and the bytes available, so a flag such as --params 4G fails with a message
-/// instead of meeting the OOM killer.
+/// AvailableHostMemory() (common/topology.h): RESOURCE_EXHAUSTED naming `profile`, the bytes needed
+/// (`what` says for what) and the bytes available, so a flag such as --params 4G fails with a
+/// message instead of meeting the OOM killer.
 Status CheckHostMemory(std::string_view profile, uint64_t needed, std::string_view what);
 
 /// Bytes of host memory `bytes` take when allocated as a buffer of their own (whole pages).

@@ -367,6 +367,7 @@ Result<EngineRecord> RunEngineBench(const EngineBenchOptions& o) {
       rec.bound_seconds =
           rec.grad_alone_seconds + rec.adam_alone_seconds + rec.chunk_upload_seconds;
       break;
+    case Overlap::kAuto:  // --overlap names one of the three
     case Overlap::kBackward:
       rec.bound_seconds =
           std::max(rec.grad_alone_seconds, rec.adam_alone_seconds) + rec.chunk_upload_seconds;

@@ -277,6 +277,7 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
         e.bound = StrCat(backward >= down ? "GPU" : "PCIe (gradients down)", " and ",
                          update >= up ? cpu : "PCIe (parameters up)", " in turn");
         break;
+      case Overlap::kAuto:      // a candidate's is resolved (ChosenOverlap): never here
       case Overlap::kBackward:  // both ways at once under backward
         e.pcie_seconds = both;
         e.step_seconds = f * (1 - s.backward_share) + std::max({backward, update, both});
