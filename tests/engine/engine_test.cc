@@ -890,8 +890,9 @@ void ExpectSameRun(const Run& got, const Run& want) {
 
 // Overlap "backward" with clipping (the max norm the median step norm: about half the steps
 // clip), an inf at steps 6 and 13 (skipped), fp16 loss scaling or bf16, each state precision,
-// accumulation 1 and 3, room for every copy or for a few (the rest wait until the step), and
-// clipping from the loop instead of the config: the run is overlap "none"'s, bit for bit; and
+// accumulation 1 and 3, room for every copy or for a few (the rest wait until the step),
+// clipping from the loop instead of the config, a checkpoint saved and loaded into a new
+// engine mid-run: the run is overlap "none"'s, bit for bit; and
 // it did speculate: some steps committed, some were redone, some ran exact by choice.
 void ExpectSpeculationIsExact(bool gpu) {
   for (int accumulation : {1, 3}) {
@@ -919,8 +920,14 @@ void ExpectSpeculationIsExact(bool gpu) {
           ExpectSameRun(speculated, exact);
           for (const std::string& kind : speculated.speculation) ++kinds[kind];
         }
-        SCOPED_TRACE("clipping from the loop");
-        ExpectSameRun(Train(config("backward", 0), gpu, nullptr, Feed{clip, {6, 13}}), exact);
+        {
+          SCOPED_TRACE("clipping from the loop");
+          ExpectSameRun(Train(config("backward", 0), gpu, nullptr, Feed{clip, {6, 13}}), exact);
+        }
+        SCOPED_TRACE("a checkpoint mid-run");
+        TempDir ckpt;
+        const Resume resume{kSteps / 2, ckpt.path() + "/ckpt", config("backward", clip)};
+        ExpectSameRun(Train(config("backward", clip), gpu, &resume, infs), exact);
         EXPECT_GT(kinds["committed"], 0);
         EXPECT_GT(kinds["redone"], 0);
         EXPECT_GT(kinds["exact"], 0);
