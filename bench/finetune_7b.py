@@ -16,7 +16,7 @@ Systems (--systems, comma-separated; default: all):
                  no fp32 master (labelled so: not lossless)
   deepspeed_z2   DeepSpeed ZeRO-2 + offload_optimizer cpu (pin_memory, overlap_comm)
   deepspeed_z3   DeepSpeed ZeRO-3 + offload_param/offload_optimizer cpu, zero.Init
-  zoffload:OVERLAP:STATE[:tN][:cN][:clipN][:undecl][:params[:nopf][:pnvme]][:nvmeR]   e.g. zoffload:none:fp32,
+  zoffload:OVERLAP:STATE[:tN][:cN][:clipN][:undecl][:actoff][:params[:nopf][:pnvme]][:nvmeR]   e.g. zoffload:none:fp32,
                  zoffload:delayed:bf16; tN: N CPU Adam threads (default: all cores, one fewer
                  with overlap); cN: N elements per chunk of the CPU update (e.g. c16M;
                  zoffload.update_chunk_elements); params: stage 3 with offload_param cpu (the
@@ -28,7 +28,8 @@ Systems (--systems, comma-separated; default: all):
                  torch.nn.utils.clip_grad_norm_(model.parameters(), N) before each step (e.g.
                  clip1.0), instead of nothing. undecl: the config leaves
                  gradient_accumulation_steps out; the --accumulation backward passes add up as
-                 torch's .grad does (overlap none).
+                 torch's .grad does (overlap none). actoff: the checkpointed layers' inputs
+                 in host memory (activation_checkpointing.cpu_checkpointing).
 A system that fails (out of memory, killed, import error) is a result: its exit status and
 the last lines it printed are recorded.
 
@@ -213,6 +214,7 @@ def run_zoffload(args, name):
     clip = [r for r in rest if r.startswith("clip")]
     args.clip = float(clip[0][4:]) if clip else 0.0
     args.declare_accumulation = "undecl" not in rest
+    args.cpu_checkpointing = "actoff" in rest
     chunk = [r for r in rest if r.startswith("c") and not r.startswith("clip")]
     args.chunk = chunk[0][1:] if chunk else "0"
     args.trace = os.path.join(os.path.dirname(os.path.abspath(args.json)),

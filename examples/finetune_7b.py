@@ -181,6 +181,8 @@ def zoffload_config(args):
                 if getattr(args, "declare_accumulation", True) else {})
     return {
         **declared,
+        "activation_checkpointing": {
+            "cpu_checkpointing": getattr(args, "cpu_checkpointing", False)},
         "bf16": {"enabled": True},
         "optimizer": {"type": "AdamW", "params": {"lr": args.lr, "weight_decay": 0.0}},
         "zero_optimization": zero,
@@ -229,7 +231,9 @@ def run_zoffload(args, name=""):
         return {k: s[k] for k in ("adam_seconds", "wait_grads_seconds", "update_seconds",
                                   "grad_norm", "clip_coef", "upload_wait_seconds",
                                   "parameter_copy_seconds", "parameter_copy_exposed_seconds",
-                                  "speculation", "speculation_why", "speculated_elements")
+                                  "speculation", "speculation_why", "speculated_elements",
+                                  "activations_offloaded", "activations_prefetched",
+                                  "activation_host_bytes")
                 if k in s}
 
     default_name = f"zoffload:{args.overlap}:{args.state}" + (
@@ -243,6 +247,9 @@ def run_zoffload(args, name=""):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_model_args(ap)
+    ap.add_argument("--cpu-checkpointing", action="store_true",
+                    help="the checkpointed layers' inputs in host memory "
+                         "(activation_checkpointing.cpu_checkpointing)")
     ap.add_argument("--overlap", default="none", choices=["none", "backward", "delayed", "auto"])
     ap.add_argument("--state", default="fp32", choices=["fp32", "bf16", "int8"],
                     help="precision of Adam's moments (the masters are fp32 always)")

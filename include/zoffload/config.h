@@ -164,6 +164,8 @@ struct TierBudgets {
   std::optional<uint64_t> gpu_bytes;          ///< bytes of GPU memory zoffload may hold
   std::optional<uint64_t> pinned_host_bytes;  ///< bytes of pinned host memory
   std::optional<uint64_t> host_bytes;         ///< bytes of pageable host memory
+  /// Host memory for offloaded activations (activation_checkpointing.cpu_checkpointing).
+  std::optional<uint64_t> activation_host_bytes;
   bool operator==(const TierBudgets&) const = default;
 };
 
@@ -182,12 +184,22 @@ struct ZoffloadSection {
   std::string trace_path;            ///< when non-empty, a Chrome trace-event JSON is written here
   Overlap overlap = Overlap::kNone;  ///< "none", "backward", "delayed" or "auto"
   int delayed_warmup_steps = 0;      ///< with overlap "delayed": the first steps run exact; >= 0
+  /// activation_checkpointing.cpu_checkpointing: saved tensors smaller than this stay put.
+  uint64_t activation_min_bytes = uint64_t{1} << 20;
   /// Overlap "backward": host memory for the copies that let a step undo the updates it made
   /// during backward (clipping, overflow); absent: 3/4 of the memory free at the first step.
   std::optional<uint64_t> rollback_bytes;
   /// ZeRO across ranks: how long a collective waits for the other ranks; > 0
   double comm_timeout_seconds = 300.0;
   bool operator==(const ZoffloadSection&) const = default;
+};
+
+/// activation_checkpointing: DeepSpeed's section; zoffload reads cpu_checkpointing.
+struct ActivationCheckpointingConfig {
+  /// The saved inputs of checkpointed blocks go to host memory while forward runs and come
+  /// back ahead of the backward that needs them (zoffload.torch: python/zoffload/activations.py).
+  bool cpu_checkpointing = false;
+  bool operator==(const ActivationCheckpointingConfig&) const = default;
 };
 
 /// A whole configuration.
@@ -203,6 +215,7 @@ struct Config {
   Bf16Config bf16;
   Fp16Config fp16;
   ZeroConfig zero_optimization;
+  ActivationCheckpointingConfig activation_checkpointing;
   AioConfig aio;
   ZoffloadSection zoffload;
   bool operator==(const Config&) const = default;

@@ -67,6 +67,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 import torch
 
 from . import _zoffload
+from .activations import ActivationOffload
 from .config import ConfigSource, parsed_config
 
 ParamsArg = Union[Iterable[Tuple[str, torch.nn.Parameter]], Iterable[torch.Tensor], Iterable[dict]]
@@ -234,6 +235,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._sent = hypers
         self._closed = False
         self._skipped = 0
+        # activation_checkpointing.cpu_checkpointing: the checkpoints' saved inputs in host
+        # memory (torch's checkpoint, and model's HuggingFace layers).
+        self.activations: Optional[ActivationOffload] = None
+        if cfg["activation_checkpointing"]["cpu_checkpointing"]:
+            zs = cfg["zoffload"]
+            self.activations = ActivationOffload(zs["activation_min_bytes"],
+                                                 zs["budgets"].get("activation_host_bytes"))
+            self.activations.install(model)
         self._hooks = [
             t.register_post_accumulate_grad_hook(self._make_hook(self._names[id(t)]))
             for g in self.param_groups
@@ -736,13 +745,23 @@ class OffloadOptimizer(torch.optim.Optimizer):
         says how the update ran: "committed" (made during backward and kept), "redone" (made
         during backward, then undone and made exactly after it: clipping, inf/NaN) or "exact"
         (after backward only, as the last step clipped or overflowed), with
-        ``speculation_why`` and ``speculated_elements``."""
+        ``speculation_why`` and ``speculated_elements``. With
+        ``activation_checkpointing.cpu_checkpointing``, the activations offloaded so far
+        (``activations_offloaded``, ``activation_bytes_offloaded``), those found on the GPU
+        when backward needed them (``activations_prefetched``) and the host memory held for
+        them (``activation_host_bytes``)."""
         last = getattr(self, "_last", {}) if self._zero is not None else self._engine.last_step
         if self._partitioned:
             fetches, elements = self._last_fetches
             copy, exposed = self._last_copy_seconds
             last = {**last, "parameter_fetches": fetches, "parameter_fetch_elements": elements,
                     "parameter_copy_seconds": copy, "parameter_copy_exposed_seconds": exposed}
+        if self.activations is not None:
+            a = self.activations
+            last = {**last, "activations_offloaded": a.packed_tensors,
+                    "activation_bytes_offloaded": a.packed_bytes,
+                    "activations_prefetched": a.prefetched_tensors,
+                    "activation_host_bytes": a.host_bytes}
         return last
 
     def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
@@ -845,6 +864,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for h in self._hooks + self._fetch_hooks:
             h.remove()
         self._hooks, self._fetch_hooks = [], []
+        if self.activations is not None:
+            self.activations.uninstall()
         self.flush()
         _LIVE.discard(self)
         self._grad_buffers = {}  # views of the engine's memory

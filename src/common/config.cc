@@ -158,6 +158,11 @@ void VisitStruct(V& v, TierBudgets& c) {
   v.Field("gpu_bytes", c.gpu_bytes);
   v.Field("pinned_host_bytes", c.pinned_host_bytes);
   v.Field("host_bytes", c.host_bytes);
+  v.Field("activation_host_bytes", c.activation_host_bytes);
+}
+template <typename V>
+void VisitStruct(V& v, ActivationCheckpointingConfig& c) {
+  v.Field("cpu_checkpointing", c.cpu_checkpointing);
 }
 template <typename V>
 void VisitStruct(V& v, ZoffloadSection& c) {
@@ -171,6 +176,7 @@ void VisitStruct(V& v, ZoffloadSection& c) {
   v.Field("overlap", c.overlap);
   v.Field("delayed_warmup_steps", c.delayed_warmup_steps);
   v.Field("rollback_bytes", c.rollback_bytes);
+  v.Field("activation_min_bytes", c.activation_min_bytes);
   v.Field("comm_timeout_seconds", c.comm_timeout_seconds);
 }
 template <typename V>
@@ -184,6 +190,7 @@ void VisitStruct(V& v, Config& c) {
   v.Object("bf16", c.bf16);
   v.Object("fp16", c.fp16);
   v.Object("zero_optimization", c.zero_optimization);
+  v.Object("activation_checkpointing", c.activation_checkpointing);
   v.Object("aio", c.aio);
   v.Object("zoffload", c.zoffload);
 }

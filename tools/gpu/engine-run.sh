@@ -7,7 +7,8 @@
 #   1g, 7b    zoffload-bench engine at 1G params and at a 7B model's size (6.74B params,
 #             291 tensors, backward stand-in of 670 ms), 16 threads;
 #   finetune  bench/finetune_7b.py: the systems in $SYSTEMS (default: all), 24 GiB cap,
-#             $LAYERS layers (default 32), $ACCUM micro-batches (default 1), JSON, table
+#             $LAYERS layers (default 32), $ACCUM micro-batches (default 1), $BATCH x $SEQ
+#             tokens (default 4 x 2048), JSON, table
 #             and plots into OUTDIR/ft7b; TRACE=1: each zoffload system's timeline too, and
 #             its summary (tools/trace_overlap.py).
 #   scale     the largest model each $SYSTEMS (default zoffload:none:int8:params, the
@@ -87,7 +88,8 @@ if [[ $parts == *finetune* ]]; then
   echo "== bench/finetune_7b.py (${SYSTEMS:-all systems}, ${LAYERS:-32} layers)"
   PYTHONPATH=$PWD/build-gpu/python:$PWD/.whl/site python3 bench/finetune_7b.py \
     ${SYSTEMS:+--systems "$SYSTEMS"} --layers "${LAYERS:-32}" --steps "${STEPS:-6}" \
-    --accumulation "${ACCUM:-1}" --timeout "${SYSTEM_TIMEOUT:-240}" --out "$out/ft7b" \
+    --accumulation "${ACCUM:-1}" --batch "${BATCH:-4}" --seq "${SEQ:-2048}" \
+    --timeout "${SYSTEM_TIMEOUT:-240}" --out "$out/ft7b" \
     --nvme-dir "${NVME_DIR:-$PWD/.nvme}" \
     ${TRACE:+--trace} 2>&1 | grep -v "^  .* step [3-9]"
   for t in "$out"/ft7b/*_trace.json; do [ -e "$t" ] && python3 tools/trace_overlap.py "$t" | tail -12; done
