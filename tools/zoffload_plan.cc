@@ -39,7 +39,8 @@ constexpr double kModelledGpuFlops = 474e12;
 constexpr const char* kUsage =
     "usage: zoffload-plan (--model NAME|CONFIG.json | --params N) [--gpu-mem SIZE]\n"
     "                     [--host-mem SIZE] [--nvme DIR ...] [--batch B] [--seq S]\n"
-    "                     [--accumulation N] [--no-checkpointing] [--world N] [--stage S]\n"
+    "                     [--accumulation N] [--no-checkpointing | --cpu-checkpointing]\n"
+    "                     [--world N] [--stage S]\n"
     "                     [--offload-param [--param-nvme]] [--bench-json FILE ...]\n"
     "                     [--measure | --no-measure]\n"
     "                     [--config DS.json] [--json OUT]\n"
@@ -47,6 +48,9 @@ constexpr const char* kUsage =
     "  --gpu-mem      the GPU memory the run may use (e.g. 24GiB; default: GPU 0's)\n"
     "  --host-mem     host memory it may use (default: this machine's)\n"
     "  --nvme DIR     NVMe directories for optimizer state (their free space counts)\n"
+    "  --cpu-checkpointing  the checkpointed layers' inputs in pinned host memory\n"
+    "                 (activation_checkpointing.cpu_checkpointing): layers x 2 x batch x seq x\n"
+    "                 hidden bytes move from the GPU to the host\n"
     "  --world N      data-parallel ranks on this machine, one GPU each (memory per GPU, the\n"
     "                 machine's host memory; step times for one rank only)\n"
     "  --stage S      zero_optimization.stage 1, 2 (default) or 3; --offload-param: stage 3\n"
@@ -100,6 +104,7 @@ std::string ConfigJson(const Candidate& c, const std::vector<std::string>& nvme,
       {"bf16", {{"enabled", true}}},
       {"zero_optimization", std::move(zero)},
       {"zoffload", {{"overlap", ToString(c.overlap)}, {"optimizer_state", ToString(c.state)}}}};
+  if (w.cpu_checkpointing) j["activation_checkpointing"] = {{"cpu_checkpointing", true}};
   return j.dump(2);
 }
 
@@ -221,6 +226,8 @@ int Main(int argc, char** argv) {
       w.accumulation = static_cast<int>(std::min<uint64_t>(n, 1 << 20));
     } else if (a == "--no-checkpointing") {
       w.checkpointing = false;
+    } else if (a == "--cpu-checkpointing") {
+      w.cpu_checkpointing = true;
     } else if (a == "--world" || a == "--stage") {
       const std::string v = value();
       const int limit = a == "--world" ? 1024 : 3;
@@ -279,6 +286,7 @@ int Main(int argc, char** argv) {
     auto config = LoadConfigFile(config_path);
     if (!config.ok()) return Fail(config.status().message());
     w.accumulation = static_cast<int>(config->gradient_accumulation_steps.value_or(1));
+    w.cpu_checkpointing = config->activation_checkpointing.cpu_checkpointing;
     const ZeroConfig& zero = config->zero_optimization;
     w.bucket_elements = static_cast<uint64_t>(zero.reduce_bucket_size);
     w.stage = std::max(1, zero.stage);
@@ -453,6 +461,14 @@ int Main(int argc, char** argv) {
       help = StrCat("; the bf16 parameters alone take ", Gib(least->e.gpu_params),
                     " GiB of GPU memory: with ZeRO-3 parameter offload (--stage 3 "
                     "--offload-param; zoffload.torch with model=) it would take GPU ",
+                    Gib(e.gpu_bytes), " GiB, host ", Gib(e.host_bytes), " GiB");
+    } else if (least->e.gpu_bytes > gpu_mem && w.checkpointing && !w.cpu_checkpointing) {
+      Workload offloaded = w;
+      offloaded.cpu_checkpointing = true;
+      const Estimate e = EstimateRun(model, offloaded, least->e.candidate, *speeds);
+      help = StrCat("; the layers' checkpointed inputs take ", Gib(e.host_activations),
+                    " GiB of GPU memory: in host memory (--cpu-checkpointing; "
+                    "activation_checkpointing.cpu_checkpointing) it would take GPU ",
                     Gib(e.gpu_bytes), " GiB, host ", Gib(e.host_bytes), " GiB");
     } else if (least->e.gpu_bytes > gpu_mem) {
       help = "; less GPU memory: a smaller --batch or --seq, or gradient checkpointing";

@@ -68,6 +68,15 @@ TEST(PlanTest, MemoryByHand) {
   w.sequence = 4;
   e = EstimateRun(tiny, w, {Overlap::kNone, StatePrecision::kFp32, 0}, {});
   EXPECT_EQ(e.gpu_activations, 2u * 2 * 4 * 8 + 2 * 4 * (4 * 8 + 3 * 16) + 10 * 4 * 100);
+  // cpu_checkpointing: the layers' inputs (2 layers x 2 B x 4 tokens x 8) go to pinned host
+  // memory.
+  w.cpu_checkpointing = true;
+  const Estimate offloaded = EstimateRun(tiny, w, {Overlap::kNone, StatePrecision::kFp32, 0}, {});
+  EXPECT_EQ(offloaded.host_activations, 2u * 2 * 4 * 8);
+  EXPECT_EQ(offloaded.gpu_activations, e.gpu_activations - 2u * 2 * 4 * 8);
+  EXPECT_EQ(offloaded.host_bytes, e.host_bytes + 2u * 2 * 4 * 8);
+  EXPECT_EQ(offloaded.host_pinned, e.host_pinned + 2u * 2 * 4 * 8);
+  w.cpu_checkpointing = false;
   w.checkpointing = false;
   e = EstimateRun(tiny, w, {Overlap::kNone, StatePrecision::kFp32, 0}, {});
   EXPECT_EQ(e.gpu_activations, 2u * 34 * 4 * 8 + 10 * 4 * 100);

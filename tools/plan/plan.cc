@@ -164,7 +164,9 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   if (m.hidden > 0) {
     const uint64_t bs = w.batch * w.sequence;
     const uint64_t logits = 10 * bs * m.vocab;
-    e.gpu_activations = w.checkpointing ? m.layers * 2 * bs * m.hidden +
+    const uint64_t inputs = m.layers * 2 * bs * m.hidden;  // checkpointed: each layer's input
+    e.host_activations = w.checkpointing && w.cpu_checkpointing ? inputs : 0;
+    e.gpu_activations = w.checkpointing ? inputs - e.host_activations +
                                               2 * bs * (4 * m.hidden + 3 * m.intermediate) + logits
                                         : m.layers * 34 * bs * m.hidden + logits;
   }
@@ -181,9 +183,10 @@ Estimate EstimateRun(const ModelShape& m, const Workload& w, const Candidate& c,
   e.host_grads = param_nvme ? zero_grads : (w.accumulation > 1 ? 6 * p : 2 * p) + staged;
   e.host_params =
       !stage3 || !w.offload_param ? 0 : 2 * (param_nvme ? std::min(w.max_in_cpu, p) : p);
-  e.host_pinned = 2 * p + staged + e.host_params;
+  e.host_pinned = 2 * p + staged + e.host_params + n * e.host_activations;
   e.host_process = n * kProcessBytes;
-  e.host_bytes = e.host_state + e.host_grads + e.host_params + e.host_process;
+  e.host_bytes =
+      e.host_state + e.host_grads + e.host_params + n * e.host_activations + e.host_process;
   e.nvme_bytes = 2 * on_nvme + (param_nvme ? 2 * p : 0);
   // Step time.
   const double rate = s.adam(c.state);

@@ -11,7 +11,8 @@
 //   (one rank, parameters resident: two buckets of reduce_bucket_size elements, 2 bytes each,
 //   capped at 2P; across ranks and with offload_param the gradients go straight to pinned host
 //   memory instead), and the activations: with
-//   gradient checkpointing each layer's input (2bsh) plus one layer recomputed (2bs(4h + 3i))
+//   gradient checkpointing each layer's input (2bsh; with activation_checkpointing.
+//   cpu_checkpointing in pinned host memory instead) plus one layer recomputed (2bs(4h + 3i))
 //   and the logits in bf16, fp32 and their gradient (10bsV); without it, 34bsh per layer (the
 //   stored tensors of a transformer layer with fused attention) plus the logits.
 // - host: the fp32 master (4P) and Adam's moments (fp32 8P, bf16 4P, int8 2P + scales) on the
@@ -19,7 +20,7 @@
 //   more: 4P fp32 sums + 2P landing, and with overlap delayed 2P for the new values), stage 3
 //   with offload_param the bf16 parameters (2P; offload_param "nvme": its host cache,
 //   2 min(max_in_cpu, P), and ZeRO's gradients replace the gradient buffers: 4P fp32 sums, 2P
-//   at one rank with one micro-batch), and
+//   at one rank with one micro-batch), the layers' inputs with cpu_checkpointing, and
 //   each rank's process (N kProcessBytes: torch and CUDA). Stages 1-3 partition the state and
 //   the gradient buffers across the ranks (each holds 1/N: the machine holds them once); stage
 //   1 all-reduces the gradients and keeps its partition, stage 2 reduce-scatters them: the
@@ -105,6 +106,7 @@ struct Workload {
   uint64_t batch = 4, sequence = 2048;
   int accumulation = 1;
   bool checkpointing = true;
+  bool cpu_checkpointing = false;         ///< the checkpointed layers' inputs in host memory
   uint64_t bucket_elements = 50'000'000;  ///< reduce_bucket_size
   int world = 1;                          ///< data-parallel ranks on this machine, a GPU each
   int stage = 2;                          ///< zero_optimization.stage (0 counts as 1)
@@ -147,6 +149,7 @@ struct Estimate {
   uint64_t gpu_bytes = 0, host_bytes = 0, nvme_bytes = 0;
   uint64_t gpu_params = 0, gpu_ring = 0, gpu_activations = 0;  ///< per GPU
   uint64_t host_state = 0, host_grads = 0, host_params = 0;    ///< the machine's
+  uint64_t host_activations = 0;  ///< cpu_checkpointing: the layers' inputs, per GPU
   uint64_t host_process = 0;
   uint64_t host_pinned = 0;                                   ///< of host_bytes: page-locked
   double adam_seconds = 0, io_seconds = 0, step_seconds = 0;  ///< 0: a speed is unknown
