@@ -62,6 +62,12 @@ struct AdamShard {
   /// whole-tensor indices, so a tensor updated piece by piece gets the bits it would get in
   /// one piece.
   uint64_t index_offset = 0;
+  /// Where the update reads the state from when not from where it writes it (params, m, v):
+  /// the same layouts, not overlapping those; null: in place. Every byte of params, m and v
+  /// (AdamMomentBytes of them) is written, so they may hold anything before.
+  const float* params_from = nullptr;
+  const void* m_from = nullptr;
+  const void* v_from = nullptr;
 };
 
 /// The update rule of a step. Per element, with g the scaled gradient (plus weight_decay * p

@@ -364,9 +364,11 @@ HWY_INLINE void StoreMoment(DF df, VF x, void* base, size_t i, const VU32& rando
 
 // fp32 / bf16 state over [begin, end), end - begin a multiple of the vector length. Only the
 // moments the rule uses are read and written.
+// The state is read from p_in, m_in, v_in and written to p, m, v (the same memory in place).
 template <DType kG, StatePrecision kS, ParamCopy kC, UpdateRule kR>
-HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, void* m, void* v,
-                            void* copy, size_t begin, size_t end, size_t index_base) {
+HWY_INLINE void AdamVectors(const AdamKernelArgs& a, const float* p_in, const void* m_in,
+                            const void* v_in, float* p, const void* g, void* m, void* v, void* copy,
+                            size_t begin, size_t end, size_t index_base) {
   const DF df;
   const DU32 du;
   const size_t N = hn::Lanes(df);
@@ -377,9 +379,9 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
   // ceiling, bf16 state 0.94 -> 1.05; the int8 block loop, compute-bound, gains nothing).
 #pragma GCC unroll 8
   for (size_t i = begin; i < end; i += N) {
-    VF pv = hn::LoadU(df, p + i);
-    VF mv = kUsesM ? LoadMoment<kS>(df, m, i) : hn::Zero(df);
-    VF vv = kUsesV ? LoadMoment<kS>(df, v, i) : hn::Zero(df);
+    VF pv = hn::LoadU(df, p_in + i);
+    VF mv = kUsesM ? LoadMoment<kS>(df, m_in, i) : hn::Zero(df);
+    VF vv = kUsesV ? LoadMoment<kS>(df, v_in, i) : hn::Zero(df);
     const VF gv = LoadGrad<kG>(df, g, i);
     if constexpr (kR == UpdateRule::kAdam) {
       Update(c, gv, mv, vv, pv);
@@ -414,8 +416,12 @@ HWY_INLINE void AdamVectors(const AdamKernelArgs& a, float* p, const void* g, vo
 // 4; on the H200 host within 1-2 % of 2; docs/PERF.md).
 constexpr size_t kInt8PrefetchBlocks = 3;
 
+// The state is read from p_in, mq_in, vq_in and the scales *m_scale_in, *v_scale_in, and
+// written to p, mq, vq, *m_scale, *v_scale (the same memory when in place).
 template <DType kG, ParamCopy kC>
-HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, int8_t* mq,
+HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, const float* p_in, const int8_t* mq_in,
+                              const uint8_t* vq_in, const float* m_scale_in,
+                              const float* v_scale_in, float* p, const void* g, int8_t* mq,
                               uint8_t* vq, float* m_scale, float* v_scale, void* copy, size_t index,
                               VU32 lanes, bool prefetch_ahead) {
   const DF df;
@@ -427,8 +433,8 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
   HWY_ALIGN float m_new[kInt8StateBlock];
   HWY_ALIGN float r_new[kInt8StateBlock];  // v^(1/4)
   // Decoding: m = (M / 127^2) * q|q|, v = (V^(1/4) / 255)^4 * q^4, folded into the betas.
-  const float r_deq = *v_scale * (1.0f / 255.0f);
-  const VF b1 = hn::Set(df, a.c.beta1 * *m_scale * (1.0f / (127.0f * 127.0f)));
+  const float r_deq = *v_scale_in * (1.0f / 255.0f);
+  const VF b1 = hn::Set(df, a.c.beta1 * *m_scale_in * (1.0f / (127.0f * 127.0f)));
   const VF b2 = hn::Set(df, a.c.beta2 * (r_deq * r_deq) * (r_deq * r_deq));
   // Coupled weight decay folds grad_scale into the gradient; otherwise into (1 - beta).
   const bool coupled = a.c.l2 != 0.0f;
@@ -446,9 +452,9 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
   VF m_max = hn::Zero(df), r_max = hn::Zero(df);
   const auto update = [&](auto kCoupled) {
     for (size_t i = 0; i < kInt8StateBlock; i += N) {
-      VF pv = hn::LoadU(df, p + i);
-      const VF qm = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, mq + i)));
-      const VF qv = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(du8, vq + i)));
+      VF pv = hn::LoadU(df, p_in + i);
+      const VF qm = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, mq_in + i)));
+      const VF qv = hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(du8, vq_in + i)));
       const VF qv2 = hn::Mul(qv, qv);
       VF gv = LoadGrad<kG>(df, g, i);
       if constexpr (kCoupled) gv = hn::MulAdd(l2, pv, hn::Mul(gv, gscale));
@@ -500,11 +506,13 @@ HWY_INLINE void AdamInt8Block(const AdamKernelArgs& a, float* p, const void* g, 
   for (size_t i = 0; i < kInt8StateBlock; i += 2 * N) {  // the block is a multiple of 2N
     if (prefetch_ahead) {
       const size_t next = kInt8PrefetchBlocks * kInt8StateBlock + i;  // 2N elements from there
-      for (size_t b = 0; b < 8 * N; b += 64) hwy::Prefetch(reinterpret_cast<char*>(p + next) + b);
+      for (size_t b = 0; b < 8 * N; b += 64) {
+        hwy::Prefetch(reinterpret_cast<const char*>(p_in + next) + b);
+      }
       for (size_t b = 0; b < 2 * N * gb; b += 64)
         hwy::Prefetch(static_cast<const char*>(g) + next * gb + b);
-      hwy::Prefetch(mq + next);
-      hwy::Prefetch(vq + next);
+      hwy::Prefetch(mq_in + next);
+      hwy::Prefetch(vq_in + next);
     }
     const VU32 r0 = NextRandom(random);
     random = NextRandom(r0);
@@ -525,6 +533,10 @@ template <typename T>
 T* At(void* base, size_t bytes_per_elem, size_t i) {
   return reinterpret_cast<T*>(static_cast<char*>(base) + bytes_per_elem * i);
 }
+template <typename T>
+const T* At(const void* base, size_t bytes_per_elem, size_t i) {
+  return reinterpret_cast<const T*>(static_cast<const char*>(base) + bytes_per_elem * i);
+}
 
 template <DType kG, StatePrecision kS, ParamCopy kC, UpdateRule kR>
 void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
@@ -538,13 +550,17 @@ void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
       const size_t len = std::min(kInt8StateBlock, end - b);
       float* ms = a.m_scales + b / kInt8StateBlock;
       float* vs = a.v_scales + b / kInt8StateBlock;
+      const float* ms_in = a.m_scales_in + b / kInt8StateBlock;
+      const float* vs_in = a.v_scales_in + b / kInt8StateBlock;
       auto* mq = static_cast<int8_t*>(a.m) + b;
       auto* vq = static_cast<uint8_t*>(a.v) + b;
+      const auto* mq_in = static_cast<const int8_t*>(a.m_in) + b;
+      const auto* vq_in = static_cast<const uint8_t*>(a.v_in) + b;
       if (len == kInt8StateBlock) {
-        AdamInt8Block<kG, kC>(a, a.p + b, At<char>(g, gb, b), mq, vq, ms, vs,
-                              kC == ParamCopy::kNone ? nullptr : At<char>(a.copy, cb, b),
-                              a.index_offset + b, lanes,
-                              b + (1 + kInt8PrefetchBlocks) * kInt8StateBlock <= end);
+        AdamInt8Block<kG, kC>(
+            a, a.p_in + b, mq_in, vq_in, ms_in, vs_in, a.p + b, At<char>(g, gb, b), mq, vq, ms, vs,
+            kC == ParamCopy::kNone ? nullptr : At<char>(a.copy, cb, b), a.index_offset + b, lanes,
+            b + (1 + kInt8PrefetchBlocks) * kInt8StateBlock <= end);
         continue;
       }
       // A partial last block: zero-padded copies through the same code.
@@ -553,11 +569,12 @@ void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
       HWY_ALIGN int8_t mp[kInt8StateBlock] = {};
       HWY_ALIGN uint8_t vp[kInt8StateBlock] = {};
       HWY_ALIGN uint16_t cp[kInt8StateBlock] = {};
-      std::memcpy(p, a.p + b, len * 4);
+      std::memcpy(p, a.p_in + b, len * 4);
       std::memcpy(gp, At<char>(g, gb, b), len * gb);
-      std::memcpy(mp, mq, len);
-      std::memcpy(vp, vq, len);
-      AdamInt8Block<kG, kC>(a, p, gp, mp, vp, ms, vs, cp, a.index_offset + b, lanes, false);
+      std::memcpy(mp, mq_in, len);
+      std::memcpy(vp, vq_in, len);
+      AdamInt8Block<kG, kC>(a, p, mp, vp, ms_in, vs_in, p, gp, mp, vp, ms, vs, cp,
+                            a.index_offset + b, lanes, false);
       std::memcpy(a.p + b, p, len * 4);
       std::memcpy(mq, mp, len);
       std::memcpy(vq, vp, len);
@@ -565,7 +582,8 @@ void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
     }
   } else {
     const size_t body_end = begin + (end - begin) / N * N;
-    AdamVectors<kG, kS, kC, kR>(a, a.p, a.g, a.m, a.v, a.copy, begin, body_end, 0);
+    AdamVectors<kG, kS, kC, kR>(a, a.p_in, a.m_in, a.v_in, a.p, a.g, a.m, a.v, a.copy, begin,
+                                body_end, 0);
     const size_t len = end - body_end;
     if (len == 0) return;
     HWY_ALIGN float p[hn::MaxLanes(DF())] = {};
@@ -573,12 +591,12 @@ void AdamRangeT(const AdamKernelArgs& a, size_t begin, size_t end) {
     HWY_ALIGN float mp[hn::MaxLanes(DF())] = {};
     HWY_ALIGN float vp[hn::MaxLanes(DF())] = {};
     HWY_ALIGN uint16_t cp[hn::MaxLanes(DF())] = {};
-    std::memcpy(p, a.p + body_end, len * 4);
+    std::memcpy(p, a.p_in + body_end, len * 4);
     std::memcpy(gp, At<char>(g, gb, body_end), len * gb);
     constexpr bool kUsesM = kR != UpdateRule::kAdagrad, kUsesV = kR != UpdateRule::kLion;
-    if constexpr (kUsesM) std::memcpy(mp, At<char>(a.m, sb, body_end), len * sb);
-    if constexpr (kUsesV) std::memcpy(vp, At<char>(a.v, sb, body_end), len * sb);
-    AdamVectors<kG, kS, kC, kR>(a, p, gp, mp, vp, cp, 0, N, body_end);
+    if constexpr (kUsesM) std::memcpy(mp, At<char>(a.m_in, sb, body_end), len * sb);
+    if constexpr (kUsesV) std::memcpy(vp, At<char>(a.v_in, sb, body_end), len * sb);
+    AdamVectors<kG, kS, kC, kR>(a, p, mp, vp, p, gp, mp, vp, cp, 0, N, body_end);
     std::memcpy(a.p + body_end, p, len * 4);
     if constexpr (kUsesM) std::memcpy(At<char>(a.m, sb, body_end), mp, len * sb);
     if constexpr (kUsesV) std::memcpy(At<char>(a.v, sb, body_end), vp, len * sb);

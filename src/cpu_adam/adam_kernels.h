@@ -19,6 +19,12 @@ struct AdamKernelArgs {
   void* v;
   float* m_scales;  // int8 state: one per kInt8StateBlock elements
   float* v_scales;
+  // Where the state is read from (AdamShard::params_from...; the same as p, m, v in place).
+  const float* p_in;
+  const void* m_in;
+  const void* v_in;
+  const float* m_scales_in;
+  const float* v_scales_in;
   void* copy;
   DType grad_type;
   StatePrecision state;
@@ -45,11 +51,6 @@ void AdamBandwidthCeiling(const AdamShard& shard, int threads = 0,
 /// core k modulo the cores (hwloc), or where the OS puts it. The calling thread, worker 0, is
 /// never bound. Default off; config zoffload.cpu_adam_bind_cores (the trainers set it).
 void SetCpuAdamCoreBinding(bool bind);
-
-/// Copies `bytes` from `src` to `dst` (not overlapping) with `threads` of CPU Adam's threads
-/// (0: DefaultAdamThreads), placed as its passes are: the rollback copies of a speculative
-/// update (OptimizerState::Keep) at the memory bandwidth of the update itself.
-void CopyWithAdamThreads(void* dst, const void* src, uint64_t bytes, int threads);
 
 /// Updates elements [begin, end). For int8 state, begin is a multiple of kInt8StateBlock.
 void AdamRange(const AdamKernelArgs& args, size_t begin, size_t end);

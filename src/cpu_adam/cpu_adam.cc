@@ -8,9 +8,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstddef>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common/aligned_buffer.h"
@@ -110,9 +110,15 @@ internal::AdamKernelArgs MakeArgs(const AdamShard& s, const AdamHyper& h, float 
   a.g = s.grads;
   a.m = s.m;
   a.v = s.v;
+  a.p_in = s.params_from != nullptr ? s.params_from : s.params;
+  a.m_in = s.m_from != nullptr ? s.m_from : s.m;
+  a.v_in = s.v_from != nullptr ? s.v_from : s.v;
   if (s.state == StatePrecision::kInt8) {
-    a.m_scales = reinterpret_cast<float*>(static_cast<int8_t*>(s.m) + ((s.n + 3) & ~size_t{3}));
-    a.v_scales = reinterpret_cast<float*>(static_cast<uint8_t*>(s.v) + ((s.n + 3) & ~size_t{3}));
+    const size_t codes = (s.n + 3) & ~size_t{3};  // the scales follow the codes, aligned
+    a.m_scales = reinterpret_cast<float*>(static_cast<int8_t*>(s.m) + codes);
+    a.v_scales = reinterpret_cast<float*>(static_cast<uint8_t*>(s.v) + codes);
+    a.m_scales_in = reinterpret_cast<const float*>(static_cast<const int8_t*>(a.m_in) + codes);
+    a.v_scales_in = reinterpret_cast<const float*>(static_cast<const uint8_t*>(a.v_in) + codes);
   }
   a.copy = s.param_copy;
   a.grad_type = s.grad_dtype;
@@ -264,15 +270,6 @@ int DefaultAdamThreads() {
   return topology != nullptr ? std::max(1, topology->PhysicalCores()) : omp_get_num_procs();
 }
 
-void internal::CopyWithAdamThreads(void* dst, const void* src, uint64_t bytes, int threads) {
-  constexpr size_t kTile = size_t{1} << 20;  // bytes per tile
-  ForTiles(bytes, kTile, threads > 0 ? threads : DefaultAdamThreads(),
-           [dst, src](size_t begin, size_t end) {
-             std::memcpy(static_cast<std::byte*>(dst) + begin,
-                         static_cast<const std::byte*>(src) + begin, end - begin);
-           });
-}
-
 void internal::SetCpuAdamCoreBinding(bool bind) {
   bind_cores.store(bind, std::memory_order_relaxed);
 }
@@ -322,6 +319,13 @@ Status internal::AdamUpdateTraced(const AdamShard& shard, const AdamHyper& hyper
   ZO_RETURN_IF_ERROR(CheckShard(shard, hyper));
   if (shard.n == 0) return Status::Ok();
   const internal::AdamKernelArgs args = MakeArgs(shard, hyper, grad_scale);
+  if (shard.state == StatePrecision::kInt8) {  // the bytes between codes and scales too
+    for (const auto& [to, from] : {std::pair{shard.m, args.m_in}, {shard.v, args.v_in}}) {
+      if (to == from) continue;
+      std::memcpy(static_cast<char*>(to) + shard.n, static_cast<const char*>(from) + shard.n,
+                  ((shard.n + 3) & ~size_t{3}) - shard.n);
+    }
+  }
   const int team = Threads(threads);
   ForTiles(
       shard.n, BalancedTile(shard.n, team), team,

@@ -433,13 +433,16 @@ Result<AdamStepResult> OptimizerState::Step(std::span<const TensorGrads> grads,
 Status OptimizerState::UpdatePiece(size_t t, const TensorGrads& g, float* params, void* m, void* v,
                                    uint64_t first, uint64_t n, const AdamHyper& hyper,
                                    float grad_scale, ParamSink* sink, const std::string& label,
-                                   StepStats* stats) {
+                                   StepStats* stats, const StateFrom& from) {
   AdamShard shard;
   shard.params = params;
   shard.n = n;
   shard.state = options_.precision;
   shard.m = m;
   shard.v = v;
+  shard.params_from = from.params;
+  shard.m_from = from.m;
+  shard.v_from = from.v;
   shard.grads = static_cast<const char*>(g.grads) + first * DTypeBytes(g.dtype);
   shard.grad_dtype = g.dtype;
   shard.copy = g.copy;
@@ -482,9 +485,14 @@ Status OptimizerState::UpdateHostChunk(size_t i, uint64_t first, const TensorGra
                                        const AdamHyper& hyper, float grad_scale, ParamSink* sink,
                                        StepStats* stats) {
   const uint64_t moment = AdamMomentBytes(options_.precision, first);  // its image (see m_)
+  StateFrom from;  // kept: the update reads the copy (the state as it was)
+  if (!reads_copy_.empty() && reads_copy_[i]) {
+    from = {copy_params_[i].as<float>() + first, copy_m_[i].data() + moment,
+            copy_v_[i].data() + moment};
+  }
   return UpdatePiece(i, grads, params_[i].as<float>() + first, m_[i].data() + moment,
                      v_[i].data() + moment, first, std::min(chunk_, tensors_[i].n - first), hyper,
-                     grad_scale, sink, tensors_[i].name, stats)
+                     grad_scale, sink, tensors_[i].name, stats, from)
       .WithContext(StrCat("updating '", tensors_[i].name, "'"));
 }
 
@@ -507,6 +515,7 @@ Result<bool> OptimizerState::Keep(size_t t, uint64_t room) {
     copy_params_.resize(tensors_.size());
     copy_m_.resize(tensors_.size());
     copy_v_.resize(tensors_.size());
+    reads_copy_.assign(tensors_.size(), false);
   }
   const uint64_t bytes = params_[t].size() + m_[t].size() + v_[t].size();
   if (copy_params_[t].empty()) {
@@ -517,11 +526,11 @@ Result<bool> OptimizerState::Keep(size_t t, uint64_t room) {
     ZO_ASSIGN_OR_RETURN(copy_v_[t], rt_->AllocateHost(v_[t].size(), what, false));
     copy_bytes_ += bytes;
   }
-  for (auto [state, copy] :
-       {std::pair{&params_, &copy_params_}, {&m_, &copy_m_}, {&v_, &copy_v_}}) {
-    CopyWithAdamThreads((*copy)[t].data(), (*state)[t].data(), (*state)[t].size(),
-                        options_.threads);
-  }
+  // The state becomes the copy, and the update writes its new values into the other buffers.
+  std::swap(params_[t], copy_params_[t]);
+  std::swap(m_[t], copy_m_[t]);
+  std::swap(v_[t], copy_v_[t]);
+  reads_copy_[t] = true;
   kept_.push_back(t);
   return true;
 }
@@ -531,11 +540,15 @@ std::vector<size_t> OptimizerState::Undo() {
     std::swap(params_[t], copy_params_[t]);
     std::swap(m_[t], copy_m_[t]);
     std::swap(v_[t], copy_v_[t]);
+    reads_copy_[t] = false;
   }
   return std::exchange(kept_, {});
 }
 
-void OptimizerState::Commit() { kept_.clear(); }
+void OptimizerState::Commit() {
+  for (size_t t : kept_) reads_copy_[t] = false;
+  kept_.clear();
+}
 
 Result<StepStats> OptimizerState::IoOnlyPass() {
   if (items_.empty()) {
@@ -651,7 +664,8 @@ Status OptimizerState::Stream(std::span<const TensorGrads> grads, const AdamHype
     if (hyper != nullptr) {
       note(UpdatePiece(it.tensor, grads[it.tensor], reinterpret_cast<float*>(slot.part(offsets, 0)),
                        slot.part(offsets, 1), slot.part(offsets, 2), it.first, it.n, *hyper,
-                       grad_scale, sink, tracer != nullptr ? chunk_name(k) : std::string(), stats),
+                       grad_scale, sink, tracer != nullptr ? chunk_name(k) : std::string(), stats,
+                       {}),
            k, "updating");
       if (!status.ok()) break;
     }

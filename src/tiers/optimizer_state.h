@@ -166,19 +166,20 @@ class OptimizerState {
                       ParamSink* sink, StepStats* stats);
 
   /// Speculation (an update made before the step knows it may stand: overlap "backward").
-  /// Keep(t), before tensor t's update: its state (host memory) is set aside, so that Undo can
-  /// bring it back. The first Keep of a tensor makes its copy (12 B/param with fp32 moments,
-  /// 8 bf16, about 6 int8; from the host budget) if the copies held stay within `room` bytes,
-  /// else returns false and keeps nothing; a copy, once made, serves every later step. Undo:
-  /// every tensor kept since the last Commit or Undo is as it was before (its copy and its
-  /// state swap places: no bytes move). Commit: the updates stand.
+  /// Keep(t), right before tensor t's update: its state (host memory) is set aside, so that
+  /// Undo can bring it back, and the update reads it from there and writes the new state into
+  /// a second set of buffers (AdamShard::params_from: no bytes are copied). The first Keep of a
+  /// tensor makes that second set (12 B/param with fp32 moments, 8 bf16, about 6 int8; from
+  /// the host budget) if the sets held stay within `room` bytes, else returns false and keeps
+  /// nothing; a set, once made, serves every later step. Undo: every tensor kept since the
+  /// last Commit or Undo is as it was before (the sets swap back). Commit: the updates stand.
   Result<bool> Keep(size_t t, uint64_t room);
   /// Returns the tensors it brought back.
   std::vector<size_t> Undo();
   void Commit();
   /// Tensor t's master parameters (n floats), its state in host memory.
   const float* host_master(size_t t) const { return params_[t].as<float>(); }
-  /// Bytes of the copies Keep made.
+  /// Bytes of the second sets Keep made.
   uint64_t kept_copy_bytes() const { return copy_bytes_; }
   /// The same reads and writes as an NVMe step, without the update: the time the disk needs
   /// for a step's bytes (the I/O bound). State is rewritten unchanged.
@@ -217,9 +218,16 @@ class OptimizerState {
                 const std::function<std::optional<float>()>& decide, StepStats* stats);
   // CPU Adam over elements [first, first + n) of tensor `t`, whose state is at params, m, v;
   // the copy goes to the sink when there is one; timed into stats and traced as `label`.
+  // Where a piece's state is read from when not from where it is written (a kept tensor).
+  struct StateFrom {
+    const float* params = nullptr;
+    const void* m = nullptr;
+    const void* v = nullptr;
+  };
   Status UpdatePiece(size_t t, const TensorGrads& g, float* params, void* m, void* v,
                      uint64_t first, uint64_t n, const AdamHyper& hyper, float grad_scale,
-                     ParamSink* sink, const std::string& label, StepStats* stats);
+                     ParamSink* sink, const std::string& label, StepStats* stats,
+                     const StateFrom& from);
   // Updates the tensors whose state is in host memory, chunk by chunk, in `order` (empty:
   // index order).
   Status UpdateInHost(std::span<const TensorGrads> grads, const AdamHyper& hyper, float grad_scale,
@@ -243,10 +251,12 @@ class OptimizerState {
   // The moments are laid out chunk after chunk, as in the swap tensor: chunk c's image
   // (codes, then for int8 its scales) at AdamMomentBytes(precision, c * chunk_).
   std::vector<HostMemory> params_, m_, v_;
-  // Keep's copies (empty until a tensor's first Keep), and the tensors kept since the last
+  // Keep's second sets (empty until a tensor's first Keep; while kept, the state as it was),
+  // whether the next update of each tensor reads there, and the tensors kept since the last
   // Commit or Undo.
   std::vector<HostMemory> copy_params_, copy_m_, copy_v_;
   uint64_t copy_bytes_ = 0;
+  std::vector<bool> reads_copy_;
   std::vector<size_t> kept_;
   Runtime* rt_ = nullptr;
   Tracer* tracer_ = nullptr;  // the context's

@@ -472,6 +472,41 @@ TEST_P(EveryTarget, CopyOverItsOwnGradientsEqualsCopyElsewhere) {
   }
 }
 
+// The state read from elsewhere (AdamShard::params_from, m_from, v_from) and written over
+// poisoned buffers: the bits of the in-place update, for every state precision and rule, a
+// partial vector and a partial int8 block at the end; the source is left as it was.
+TEST_P(EveryTarget, ReadingTheStateFromElsewhereEqualsInPlace) {
+  for (StatePrecision state :
+       {StatePrecision::kFp32, StatePrecision::kBf16, StatePrecision::kInt8}) {
+    for (UpdateRule rule : {UpdateRule::kAdam, UpdateRule::kAdagrad, UpdateRule::kLion}) {
+      if (state == StatePrecision::kInt8 && rule != UpdateRule::kAdam) continue;
+      const size_t n = 70001;
+      TestShard in_place(n, state, DType::kBf16, ParamCopy::kBf16, 0, 43);
+      TestShard moved(n, state, DType::kBf16, ParamCopy::kBf16, 0, 43);
+      const std::string what = StrCat(ToString(state), ", ", ToString(rule));
+      StepTwins(in_place, moved, [&](AdamHyper h) {
+        h.rule = rule;
+        ASSERT_TRUE(AdamUpdate(in_place.View(), h, 0.5f, 2).ok());
+        // The state as it is goes to a source; the destination is poisoned.
+        const std::vector<float> params = moved.params;
+        const std::vector<unsigned char> m = moved.m, v = moved.v;
+        std::fill(moved.params.begin(), moved.params.end(), std::nanf(""));
+        std::fill(moved.m.begin(), moved.m.end(), 0xFF);
+        std::fill(moved.v.begin(), moved.v.end(), 0xFF);
+        AdamShard from = moved.View();
+        from.params_from = params.data();
+        from.m_from = m.data();
+        from.v_from = v.data();
+        ASSERT_TRUE(AdamUpdate(from, h, 0.5f, 2).ok());
+        if (rule == UpdateRule::kAdagrad) moved.m = m;  // not used by the rule: not written
+        if (rule == UpdateRule::kLion) moved.v = v;
+      });
+      ExpectSameState(in_place, moved, what);
+      EXPECT_EQ(in_place.copy_out, moved.copy_out) << what;
+    }
+  }
+}
+
 TEST_P(EveryTarget, Int8CodesAtTheBlockMaximumKeepTheirSign) {
   // Within a block every gradient has the same magnitude (signs mixed), so every m sits at its
   // block's maximum |m|: the codes closest to the end of their range, where an estimate's error
