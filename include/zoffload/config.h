@@ -186,7 +186,7 @@ struct ZoffloadSection {
   int delayed_warmup_steps = 0;      ///< with overlap "delayed": the first steps run exact; >= 0
   /// activation_checkpointing.cpu_checkpointing: saved tensors smaller than this stay put.
   uint64_t activation_min_bytes = uint64_t{1} << 20;
-  /// Overlap "backward": host memory for the copies that let a step undo the updates it made
+  /// Overlap "backward": host memory for the state buffers that let a step undo the updates it made
   /// during backward (clipping, overflow); absent: 3/4 of the memory free at the first step.
   std::optional<uint64_t> rollback_bytes;
   /// ZeRO across ranks: how long a collective waits for the other ranks; > 0
