@@ -304,6 +304,13 @@ def report(args, results):
             exposed = sum(s["parameter_copy_exposed_seconds"] for s in timed) / len(timed)
             print(f"| {r['system']} parameter copies: {copy:.3f} s of GPU time a step, the compute "
                   f"waited {exposed:.3f} s: {1 - exposed / copy:.0%} hidden |")
+    for r in results:  # activation offload: how much of the copies the compute did not wait for
+        timed = [s for s in ft.timed_steps(r.get("steps", [])) if s.get("activation_copy_seconds")]
+        if timed:
+            copy = sum(s["activation_copy_seconds"] for s in timed) / len(timed)
+            exposed = sum(s["activation_copy_exposed_seconds"] for s in timed) / len(timed)
+            print(f"| {r['system']} activation copies: {copy:.3f} s of GPU time a step, the "
+                  f"compute waited {exposed:.3f} s: {1 - exposed / copy:.0%} hidden |")
     for r in results:  # overlap "backward": the steps by how their update ran
         kinds = {}
         for s in ft.timed_steps(r.get("steps", [])):

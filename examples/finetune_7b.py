@@ -233,7 +233,8 @@ def run_zoffload(args, name=""):
                                   "parameter_copy_seconds", "parameter_copy_exposed_seconds",
                                   "speculation", "speculation_why", "speculated_elements",
                                   "activations_offloaded", "activations_prefetched",
-                                  "activation_host_bytes")
+                                  "activation_host_bytes", "activation_copy_seconds",
+                                  "activation_copy_exposed_seconds")
                 if k in s}
 
     default_name = f"zoffload:{args.overlap}:{args.state}" + (

@@ -34,12 +34,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.utils.checkpoint
 
 from ._zoffload import ResourceExhausted
+
+
+def timing_event(stream: Optional[Any] = None) -> Any:
+    """A CUDA timing event recorded now on `stream` (the current one by default)."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record(stream)
+    return event
 
 
 class _Held:
@@ -79,6 +86,10 @@ class ActivationOffload:
         self.packed_tensors = 0  # totals since made (stats)
         self.packed_bytes = 0
         self.prefetched_tensors = 0
+        # Timing events: each copy on the side stream, and each wait of the compute stream for
+        # one (take_seconds).
+        self._copy_spans: List[Tuple[Any, Any]] = []
+        self._wait_spans: List[Tuple[Any, Any]] = []
         self._wrapped: Dict[int, Callable] = {}
         self._torch_checkpoint: Optional[Callable] = None
 
@@ -99,9 +110,10 @@ class ActivationOffload:
                 self._stream = torch.cuda.Stream(device=t.device)
             self._stream.wait_stream(torch.cuda.current_stream(t.device))
             with torch.cuda.stream(self._stream):
+                started = timing_event(self._stream)
                 host.copy_(flat, non_blocking=True)
-                down = torch.cuda.Event()
-                down.record(self._stream)
+                down = timing_event(self._stream)
+            self._copy_spans.append((started, down))
             t.record_stream(self._stream)  # its memory is the pool's again after the copy
             flat.record_stream(self._stream)
         else:
@@ -125,7 +137,9 @@ class ActivationOffload:
         data = held.gpu
         if held.up is not None:
             current = torch.cuda.current_stream(held.device)
+            waiting = timing_event(current)
             current.wait_event(held.up)
+            self._wait_spans.append((waiting, timing_event(current)))
             data.record_stream(current)
         for earlier in range(held.index - 1, max(-1, held.index - 1 - self.prefetch), -1):
             ahead = self._packed[earlier]() if earlier < len(self._packed) else None
@@ -145,9 +159,10 @@ class ActivationOffload:
         with torch.cuda.stream(self._stream):
             self._stream.wait_event(held.down)
             gpu = torch.empty(held.host.numel(), dtype=torch.uint8, device=held.device)
+            started = timing_event(self._stream)
             gpu.copy_(held.host, non_blocking=True)
-            held.up = torch.cuda.Event()
-            held.up.record(self._stream)
+            held.up = timing_event(self._stream)
+        self._copy_spans.append((started, held.up))
         held.gpu = gpu
 
     # ---- the pinned pool ---------------------------------------------------------------
@@ -177,6 +192,22 @@ class ActivationOffload:
             done = torch.cuda.Event()
             done.record(self._stream)
         self._free.setdefault((nbytes, host.is_pinned()), []).append((host, done))
+
+    def take_seconds(self) -> Tuple[float, float]:
+        """The copies' GPU time since the last call, and the compute stream's time waiting for
+        them (the part not hidden), in seconds; waits for those copies to finish."""
+        spans = self._copy_spans + self._wait_spans
+        if spans:
+            spans[-1][1].synchronize()
+            for _, end in spans:
+                end.synchronize()
+
+        def total(pairs: List[Tuple[Any, Any]]) -> float:
+            return sum(a.elapsed_time(b) for a, b in pairs) / 1e3
+
+        taken = (total(self._copy_spans), total(self._wait_spans))
+        self._copy_spans, self._wait_spans = [], []
+        return taken
 
     @property
     def host_bytes(self) -> int:

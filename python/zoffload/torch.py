@@ -67,7 +67,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 import torch
 
 from . import _zoffload
-from .activations import ActivationOffload
+from .activations import ActivationOffload, timing_event
 from .config import ConfigSource, parsed_config
 
 ParamsArg = Union[Iterable[Tuple[str, torch.nn.Parameter]], Iterable[torch.Tensor], Iterable[dict]]
@@ -243,6 +243,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self.activations = ActivationOffload(zs["activation_min_bytes"],
                                                  zs["budgets"].get("activation_host_bytes"))
             self.activations.install(model)
+        self._last_activation_seconds = (0.0, 0.0)
         self._hooks = [
             t.register_post_accumulate_grad_hook(self._make_hook(self._names[id(t)]))
             for g in self.param_groups
@@ -509,19 +510,19 @@ class OffloadOptimizer(torch.optim.Optimizer):
         elif prefetched is not None:
             values, copied = prefetched
             stream = torch.cuda.current_stream()
-            waited = _timing_event(stream)
+            waited = timing_event(stream)
             stream.wait_event(copied)
-            self._wait_spans.append((waited, _timing_event(stream)))
+            self._wait_spans.append((waited, timing_event(stream)))
             for (_, p), v in zip(own, values):
                 v.record_stream(stream)
                 p.data = v
         else:
             # Copies at their use, on the compute stream: it waits for all of them.
-            started = _timing_event() if own[0][1].is_cuda else None
+            started = timing_event() if own[0][1].is_cuda else None
             for name, p in own:
                 p.data = self._fetch(name, p)
             if started is not None:
-                span = (started, _timing_event())
+                span = (started, timing_event())
                 self._copy_spans.append(span)
                 self._wait_spans.append(span)
         if not present:
@@ -572,9 +573,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self._copies is None:
             self._copies = torch.cuda.Stream(own[0][1].device)
         with torch.cuda.stream(self._copies):
-            started = _timing_event()
+            started = timing_event()
             values = [self._host_values[name].to(p.device, non_blocking=True) for name, p in own]
-            copied = _timing_event()
+            copied = timing_event()
         self._copy_spans.append((started, copied))
         self._prefetched[key] = (values, copied)
 
@@ -694,6 +695,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self._last_fetches = (self._fetches, self._fetched_elements)
             self._fetches = self._fetched_elements = 0
             self._last_copy_seconds = self._take_copy_seconds()
+        if self.activations is not None:
+            self._last_activation_seconds = self.activations.take_seconds()
         self._landed.clear()
         if self._zero is not None:
             stats = self._zero.step()
@@ -749,7 +752,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         ``activation_checkpointing.cpu_checkpointing``, the activations offloaded so far
         (``activations_offloaded``, ``activation_bytes_offloaded``), those found on the GPU
         when backward needed them (``activations_prefetched``) and the host memory held for
-        them (``activation_host_bytes``)."""
+        them (``activation_host_bytes``), and on a GPU the last step's copies' GPU time
+        (``activation_copy_seconds``) and the compute stream's time waiting for them
+        (``activation_copy_exposed_seconds``)."""
         last = getattr(self, "_last", {}) if self._zero is not None else self._engine.last_step
         if self._partitioned:
             fetches, elements = self._last_fetches
@@ -761,7 +766,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
             last = {**last, "activations_offloaded": a.packed_tensors,
                     "activation_bytes_offloaded": a.packed_bytes,
                     "activations_prefetched": a.prefetched_tensors,
-                    "activation_host_bytes": a.host_bytes}
+                    "activation_host_bytes": a.host_bytes,
+                    "activation_copy_seconds": self._last_activation_seconds[0],
+                    "activation_copy_exposed_seconds": self._last_activation_seconds[1]}
         return last
 
     def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
@@ -954,13 +961,6 @@ def _unregister(block: torch.Tensor) -> None:
     """Unpins a block _host_copies registered, once no copy reads it."""
     torch.cuda.synchronize()
     torch.cuda.check_error(torch.cuda.cudart().cudaHostUnregister(block.data_ptr()))
-
-
-def _timing_event(stream: Optional[Any] = None) -> Any:
-    """A CUDA timing event recorded now on `stream` (the current one by default)."""
-    event = torch.cuda.Event(enable_timing=True)
-    event.record(stream)
-    return event
 
 
 def _drop(own: List[Tuple[str, torch.Tensor]]) -> None:

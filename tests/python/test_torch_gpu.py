@@ -266,3 +266,5 @@ def test_activation_offload_on_cuda_is_bit_identical_frees_the_gpu_and_prefetche
     assert offload.prefetched_tensors == depth - 1
     assert held <= plain_held - (depth - 1) * block_input, (held, plain_held)
     assert all(torch.equal(a, b) for a, b in zip(grads, plain))
+    copy, exposed = offload.take_seconds()  # 6 copies down, 6 up
+    assert 0 < exposed < copy, (copy, exposed)

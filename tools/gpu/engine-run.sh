@@ -8,7 +8,7 @@
 #             291 tensors, backward stand-in of 670 ms), 16 threads;
 #   finetune  bench/finetune_7b.py: the systems in $SYSTEMS (default: all), 24 GiB cap,
 #             $LAYERS layers (default 32), $ACCUM micro-batches (default 1), $BATCH x $SEQ
-#             tokens (default 4 x 2048), JSON, table
+#             tokens (default 4 x 2048), GPU cap $CAP (default 24GiB; none: uncapped), JSON, table
 #             and plots into OUTDIR/ft7b; TRACE=1: each zoffload system's timeline too, and
 #             its summary (tools/trace_overlap.py).
 #   scale     the largest model each $SYSTEMS (default zoffload:none:int8:params, the
@@ -89,6 +89,7 @@ if [[ $parts == *finetune* ]]; then
   PYTHONPATH=$PWD/build-gpu/python:$PWD/.whl/site python3 bench/finetune_7b.py \
     ${SYSTEMS:+--systems "$SYSTEMS"} --layers "${LAYERS:-32}" --steps "${STEPS:-6}" \
     --accumulation "${ACCUM:-1}" --batch "${BATCH:-4}" --seq "${SEQ:-2048}" \
+    --gpu-mem-cap "${CAP:-24GiB}" \
     --timeout "${SYSTEM_TIMEOUT:-240}" --out "$out/ft7b" \
     --nvme-dir "${NVME_DIR:-$PWD/.nvme}" \
     ${TRACE:+--trace} 2>&1 | grep -v "^  .* step [3-9]"
