@@ -34,10 +34,12 @@ SCHEDULER_FILE = "scheduler.pt"
 
 def config_for(args: transformers.TrainingArguments, config: ConfigSource = None) -> dict:
     """The zoffload config for a Trainer run: `config` (a path, JSON text, a dict or None: the
-    optimizer in host memory) with the micro-batches per step and bf16 taken from `args`; a
+    optimizer in host memory, updated during backward where the run allows, exactly:
+    ``zoffload.overlap`` "auto") with the micro-batches per step and bf16 taken from `args`; a
     value the config sets otherwise is an error naming both."""
     cfg = _read(config) or {
-        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
+        "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+        "zoffload": {"overlap": "auto"}}
     if args.fp16:
         raise _zoffload.ConfigError(
             "zoffload.hf.Trainer: fp16=True uses torch's GradScaler, which cannot see the "
