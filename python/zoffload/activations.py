@@ -248,6 +248,15 @@ class ActivationOffload:
             hook = model.register_forward_pre_hook(lambda m, _args: self._wrap_layers(m))
             self._wrapped[id(model)] = hook.remove
 
+    def __enter__(self) -> "ActivationOffload":
+        """``with ActivationOffload(...) as offload:`` installs it (torch's checkpoint; call
+        install(model) for a HuggingFace model's layers) until the block ends."""
+        self.install()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.uninstall()
+
     def uninstall(self) -> None:
         """Puts every checkpoint function back."""
         if self._torch_checkpoint is not None:

@@ -71,6 +71,17 @@ def test_torch_checkpoint_gradients_are_bit_identical(reentrant):
     assert all(torch.equal(a, b) for a, b in zip(offloaded, plain))
 
 
+def test_as_a_context_manager_it_offloads_inside_the_block_only():
+    original = torch.utils.checkpoint.checkpoint
+    plain = grads_of(False, None)
+    with ActivationOffload(min_bytes=1024) as offload:
+        assert torch.utils.checkpoint.checkpoint is not original
+        inside = grads_of(False, None)
+    assert torch.utils.checkpoint.checkpoint is original
+    assert offload.packed_tensors == 2 * 4
+    assert all(torch.equal(a, b) for a, b in zip(inside, plain))
+
+
 def test_small_tensors_stay_and_a_budget_too_small_names_itself():
     small = ActivationOffload(min_bytes=1 << 30)
     grads_of(False, small)
