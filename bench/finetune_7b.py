@@ -320,34 +320,7 @@ def report(args, results):
             mix = ", ".join(f"{k} {len(v)} ({sum(v) / len(v):.3f} s/step)"
                             for k, v in sorted(kinds.items()))
             print(f"| {r['system']} speculation, steps 3+: {mix} |")
-    fb = by.get("fwd_bwd")
-    bounds = {}
-    z = by.get("zoffload:none:fp32")
-    if fb and z:
-        timed = ft.timed_steps(z["steps"])
-        adam = sum(s["adam_seconds"] for s in timed) / len(timed)
-        fwd_bwd = fb["seconds_per_step"]
-        bounds = {"fwd_bwd": fwd_bwd, "cpu_adam": adam,
-                  "none": fwd_bwd + adam, "delayed": max(fwd_bwd, adam)}
-        print(f"bounds: fwd+bwd {fwd_bwd:.3f} s, CPU Adam {adam:.3f} s")
-        for mode, bound in (("none", bounds["none"]), ("delayed", bounds["delayed"])):
-            r = by.get(f"zoffload:{mode}:fp32")
-            if r:
-                print(f"zoffload {mode} fp32: {r['seconds_per_step']:.3f} s/step = "
-                      f"{r['seconds_per_step'] / bound:.2f} x its bound ({bound:.3f} s; target <= 1.1; "
-                      f"median step {median_step(r) / bound:.2f} x)")
-        fwd = by.get("fwd")
-        if fwd:
-            f = fwd["seconds_per_step"]
-            bounds["backward"] = f + max(fwd_bwd - f, adam)
-        for name in [k for k in by if k.startswith("zoffload:backward:fp32")]:
-            r = by[name]
-            bound = bounds.get("backward", bounds["none"])
-            print(f"{name}: {r['seconds_per_step']:.3f} s/step = "
-                  f"{r['seconds_per_step'] / bound:.2f} x (median step "
-                  f"{median_step(r) / bound:.2f} x) " +
-                  (f"its bound fwd + max(bwd, Adam) ({bound:.3f} s; target <= 1.1)" if fwd
-                   else f"none's bound ({bound:.3f} s)"))
+    bounds = precision_bounds(by)
     for name in ("manual", "torchao", "no_offload", "deepspeed_z2"):
         for mine in [k for k in by if k.startswith("zoffload:")]:
             if name in by:
@@ -359,6 +332,41 @@ def report(args, results):
     with open(os.path.join(args.out, "finetune_7b.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     plot(args, results)
+
+
+def precision_bounds(by):
+    """Each state precision's bounds, from this call's runs: fwd_bwd and fwd give the GPU's
+    forward + backward and forward; zoffload:none:STATE gives CPU Adam's time for that state.
+    none: fwd + bwd + Adam; backward: fwd + max(bwd, Adam); delayed: max(fwd + bwd, Adam).
+    Prints every zoffload system's ratio to its mode's bound for its precision."""
+    fb, fwd = by.get("fwd_bwd"), by.get("fwd")
+    if not fb:
+        return {}
+    fwd_bwd = fb["seconds_per_step"]
+    bounds = {"fwd_bwd": fwd_bwd}
+    for state in ("fp32", "bf16", "int8"):
+        exact = by.get(f"zoffload:none:{state}")
+        if not exact:
+            continue
+        timed = ft.timed_steps(exact["steps"])
+        adam = sum(s["adam_seconds"] for s in timed) / len(timed)
+        b = {"cpu_adam": adam, "none": fwd_bwd + adam, "delayed": max(fwd_bwd, adam)}
+        if fwd:
+            f = fwd["seconds_per_step"]
+            b["backward"] = f + max(fwd_bwd - f, adam)
+        bounds[state] = b
+        print(f"bounds, {state} state: fwd+bwd {fwd_bwd:.3f} s, CPU Adam {adam:.3f} s: "
+              + ", ".join(f"{mode} {v:.3f} s" for mode, v in b.items() if mode != "cpu_adam"))
+        for name in [k for k in by if k.startswith("zoffload:") and k.split(":")[2] == state]:
+            mode = name.split(":")[1]
+            mode = "backward" if mode == "auto" else mode
+            if mode not in b:
+                continue
+            r = by[name]
+            print(f"{name}: {r['seconds_per_step']:.3f} s/step = "
+                  f"{r['seconds_per_step'] / b[mode]:.2f} x its bound ({b[mode]:.3f} s; median "
+                  f"step {median_step(r) / b[mode]:.2f} x; target <= 1.1)")
+    return bounds
 
 
 def plot(args, results):
