@@ -302,7 +302,8 @@ int Main(int argc, char** argv) {
                          ": zero_optimization.offload_optimizer.device is not cpu or nvme; "
                          "zoffload-plan estimates offloaded optimizers only"));
     }
-    given = Candidate{ChosenOverlap(*config, false), config->zoffload.optimizer_state,
+    given = Candidate{ChosenOverlap(*config, w.world > 1 || w.param_nvme),
+                      config->zoffload.optimizer_state,
                       oo.device == OffloadDevice::kNvme ? oo.ratio : 0.0};
     if ((given->nvme_ratio > 0 || w.param_nvme) && nvme.empty()) {
       nvme = !config->zoffload.nvme_paths.empty() ? config->zoffload.nvme_paths

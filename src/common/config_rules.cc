@@ -240,6 +240,7 @@ Status internal::ConfigErrors(const std::vector<std::string>& errors, const std:
 }
 
 Overlap internal::ChosenOverlap(const Config& c, bool zero_partitioned) {
+  if (zero_partitioned && c.zoffload.overlap == Overlap::kBackward) return Overlap::kNone;
   if (c.zoffload.overlap != Overlap::kAuto) return c.zoffload.overlap;
   const bool host_state = c.zero_optimization.offload_optimizer.device != OffloadDevice::kNvme;
   return host_state && !zero_partitioned ? Overlap::kBackward : Overlap::kNone;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/config_rules.h"
+#include "common/log.h"
 #include "common/strings.h"
 #include "common/topology.h"
 #include "common/trace.h"
@@ -469,7 +470,14 @@ Status StepSchedule::CanReportNorm() const {
 
 std::unique_ptr<StepSchedule> MakeSchedule(EngineCore& core) {
   Overlap& mode = core.config.zoffload.overlap;
+  const Overlap asked = mode;
   mode = ChosenOverlap(core.config, !core.partition->UpdatesOnLanding());
+  if (asked == Overlap::kBackward && mode == Overlap::kNone) {
+    LogOnce(LogLevel::kWarning, "zero-overlap-backward",
+            "ZeRO across ranks: zoffload.overlap \"backward\" makes its updates after backward, "
+            "as \"none\" (the same result); updates during backward are not implemented for "
+            "ZeRO yet");
+  }
   switch (mode) {
     case Overlap::kBackward:
       return std::make_unique<BackwardSchedule>(core);

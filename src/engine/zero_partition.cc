@@ -81,10 +81,11 @@ Status ZeroPartition::Plan(const ZeroOptions& options, uint64_t align) {
         StrCat("ZeRO: zero_optimization.stage must be 1, 2 or 3 to partition across ranks, got ",
                zc.stage));
   }
-  if (ChosenOverlap(core_.config, true) != Overlap::kNone) {
+  if (ChosenOverlap(core_.config, true) == Overlap::kDelayed) {
     return InvalidArgumentError(
-        "ZeRO: zoffload.overlap must be \"none\" with zero_optimization across ranks (the "
-        "update needs every rank's gradients first)");
+        "ZeRO: zoffload.overlap must be \"none\", \"backward\" or \"auto\" with "
+        "zero_optimization across ranks, not \"delayed\" (the update needs every rank's "
+        "gradients first)");
   }
   stage_ = zc.stage;
   const std::vector<EngineParam>& params = core_.params;
