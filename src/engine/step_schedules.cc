@@ -125,6 +125,7 @@ class BackwardSchedule final : public StepSchedule {
     speculated_ = 0;
     squares_so_far_ = 0;
     stopped_ = false;
+    abandon_.store(false);
     no_room_ = false;
     uncopied_ = false;
     may_go_uncopied_ =
@@ -139,7 +140,23 @@ class BackwardSchedule final : public StepSchedule {
   void Landed(size_t i) override {
     if (why_.empty()) updater_.Push(i);
   }
-  void AwaitUpdates() override { updater_.AwaitAll(); }
+  // Every gradient has landed and been checked (the worker is done): where their squares
+  // already say the step will be redone, the updates still queued would only be undone, and
+  // are left to the redo. (Not where updates may run without a set: how much of such a step
+  // could be undone would then depend on the updater's progress.)
+  void AwaitUpdates() override {
+    if (why_.empty() && !may_go_uncopied_ && core_.grads_in_window > 0) {
+      const GradNorm norm = NormOf(core_.squares);
+      double grad_norm = 0;
+      float clip_coef = 1;
+      if (norm.finite) {
+        ClipAndUnscale(norm.l2, loss_scale_, static_cast<float>(core_.config.gradient_clipping),
+                       &grad_norm, &clip_coef);
+      }
+      if (!norm.finite || clip_coef != 1.0f) abandon_.store(true);
+    }
+    updater_.AwaitAll();
+  }
 
   Status Step(EngineStepStats* stats, Status* outcome) override {
     EngineCore& e = core_;
@@ -277,7 +294,7 @@ class BackwardSchedule final : public StepSchedule {
     if (!status_.ok()) return;
     const GradSquares& sq = core_.squares[i];
     squares_so_far_ += sq.sum;
-    stopped_ = stopped_ || !sq.finite ||
+    stopped_ = stopped_ || abandon_.load() || !sq.finite ||
                (max_norm_ > 0 && std::sqrt(squares_so_far_) / loss_scale_ > max_norm_);
     if (!stopped_) {
       Result<bool> kept = core_.state->Keep(i, *room_);
@@ -306,17 +323,18 @@ class BackwardSchedule final : public StepSchedule {
   std::vector<AdamHyper> hypers_;
   float loss_scale_ = 1, grad_scale_ = 1;
   double max_norm_ = 0;
-  double squares_so_far_ = 0;     // raw, in landing order
-  bool stopped_ = false;          // no more speculation in this window
-  bool no_room_ = false;          // a parameter found no room for its copy, and waited
-  bool may_go_uncopied_ = false;  // only inf/NaN can redo this window (see the class comment)
-  bool uncopied_ = false;         // a parameter was updated without a copy
-  int64_t windows_ = 0;           // windows begun
-  bool clipped_ever_ = false;     // a Step had clipping set
-  std::vector<size_t> deferred_;  // landed, not updated: the step updates them if it commits
-  uint64_t speculated_ = 0;       // elements updated during backward
-  Status status_;                 // the updater's first error
-  StepStats stats_;               // CPU Adam time
+  double squares_so_far_ = 0;         // raw, in landing order
+  bool stopped_ = false;              // no more speculation in this window
+  std::atomic<bool> abandon_{false};  // the window will be redone (AwaitUpdates)
+  bool no_room_ = false;              // a parameter found no room for its copy, and waited
+  bool may_go_uncopied_ = false;      // only inf/NaN can redo this window (see the class comment)
+  bool uncopied_ = false;             // a parameter was updated without a copy
+  int64_t windows_ = 0;               // windows begun
+  bool clipped_ever_ = false;         // a Step had clipping set
+  std::vector<size_t> deferred_;      // landed, not updated: the step updates them if it commits
+  uint64_t speculated_ = 0;           // elements updated during backward
+  Status status_;                     // the updater's first error
+  StepStats stats_;                   // CPU Adam time
 };
 
 // ---- delayed ------------------------------------------------------------------------------
