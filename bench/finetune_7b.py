@@ -297,20 +297,16 @@ def report(args, results):
                      f"{median_step(r):.3f} | {r['tokens_per_s']:.0f} | "
                      f"{r['gpu_peak_gib']:.1f} | {r['host_peak_gib']:.1f} | {losses} |")
     print("\n".join(lines))
-    for r in results:  # parameter offload: how much of the copies the compute did not wait for
-        timed = [s for s in ft.timed_steps(r.get("steps", [])) if s.get("parameter_copy_seconds")]
-        if timed:
-            copy = sum(s["parameter_copy_seconds"] for s in timed) / len(timed)
-            exposed = sum(s["parameter_copy_exposed_seconds"] for s in timed) / len(timed)
-            print(f"| {r['system']} parameter copies: {copy:.3f} s of GPU time a step, the compute "
-                  f"waited {exposed:.3f} s: {1 - exposed / copy:.0%} hidden |")
-    for r in results:  # activation offload: how much of the copies the compute did not wait for
-        timed = [s for s in ft.timed_steps(r.get("steps", [])) if s.get("activation_copy_seconds")]
-        if timed:
-            copy = sum(s["activation_copy_seconds"] for s in timed) / len(timed)
-            exposed = sum(s["activation_copy_exposed_seconds"] for s in timed) / len(timed)
-            print(f"| {r['system']} activation copies: {copy:.3f} s of GPU time a step, the "
-                  f"compute waited {exposed:.3f} s: {1 - exposed / copy:.0%} hidden |")
+    # Parameter and activation offload: how much of their copies the compute did not wait for.
+    for what in ("parameter", "activation"):
+        for r in results:
+            timed = [s for s in ft.timed_steps(r.get("steps", []))
+                     if s.get(f"{what}_copy_seconds")]
+            if timed:
+                copy = sum(s[f"{what}_copy_seconds"] for s in timed) / len(timed)
+                exposed = sum(s[f"{what}_copy_exposed_seconds"] for s in timed) / len(timed)
+                print(f"| {r['system']} {what} copies: {copy:.3f} s of GPU time a step, the "
+                      f"compute waited {exposed:.3f} s: {1 - exposed / copy:.0%} hidden |")
     for r in results:  # overlap "backward": the steps by how their update ran
         kinds = {}
         for s in ft.timed_steps(r.get("steps", [])):
