@@ -509,6 +509,24 @@ TEST(PlanTest, TheToolAdvisesOrSaysWhatDoesNotFit) {
                           "it would take GPU"),
             std::string::npos)
       << r.output;
+  // 7B at 20000 tokens: the layers' checkpointed inputs (4.9 GiB) push the GPU over; the tool
+  // says what offloading them would leave, and with --cpu-checkpointing it fits and the
+  // advice turns it on (a config the parser accepts).
+  r = testing::RunCommand(tool + " --no-measure --model llama-7b --gpu-mem 24GiB --host-mem 1TiB " +
+                          "--batch 1 --seq 20000 2>&1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("the layers' checkpointed inputs take 4.9 GiB of GPU memory: in host "
+                          "memory (--cpu-checkpointing; activation_checkpointing.cpu_checkpointing)"
+                          " it would take GPU 20.5 GiB"),
+            std::string::npos)
+      << r.output;
+  r = testing::RunCommand(tool + " --no-measure --model llama-7b --gpu-mem 24GiB --host-mem 1TiB " +
+                          "--batch 1 --seq 20000 --cpu-checkpointing --json " +
+                          dir.File("long.json") + " 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const auto long_context = ReadJson(dir.File("long.json"));
+  EXPECT_EQ(long_context["advice"]["activation_checkpointing"]["cpu_checkpointing"], true);
+  EXPECT_TRUE(ParseConfig(long_context["advice"].dump()).ok());
   // ... and asked for: memory only, a config the parser accepts.
   r = testing::RunCommand(
       tool + " --no-measure --model llama-70b --gpu-mem 24GiB --host-mem 1TiB --world 8 " +
