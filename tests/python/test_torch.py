@@ -201,6 +201,9 @@ def test_auto_values_are_filled_or_named():
         zoffload.load_config(cfg, lr=2e-5, weight_decay=0.1)
     with pytest.raises(ValueError, match=r"optimizer\.params\.lr"):
         zoffload.load_config(cfg)
+    # zoffload.overlap "auto" is zoffload's own value, kept for the trainer to resolve.
+    own = json.loads(zoffload.load_config(config(zoffload={"overlap": "auto"})))
+    assert own["zoffload"]["overlap"] == "auto"
 
 
 def test_bad_config_is_a_config_error_naming_the_path():
