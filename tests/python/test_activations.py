@@ -82,6 +82,28 @@ def test_as_a_context_manager_it_offloads_inside_the_block_only():
     assert all(torch.equal(a, b) for a, b in zip(inside, plain))
 
 
+def test_other_saved_tensors_go_inside_saved_tensors():
+    """Any region's saved tensors (not a checkpoint's) through offload.saved_tensors()."""
+    torch.manual_seed(0)
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(32, 64)
+
+    def grad(offload):
+        w.grad = None
+        if offload is None:
+            (x @ w).relu().square().sum().backward()
+        else:
+            with offload.saved_tensors():
+                y = (x @ w).relu().square().sum()
+            y.backward()
+        return w.grad.clone()
+
+    offload = ActivationOffload(min_bytes=1024)
+    plain = grad(None)
+    assert torch.equal(grad(offload), plain)
+    assert offload.packed_tensors >= 2  # x, w, the matmul's output: all above 1 KiB
+
+
 def test_small_tensors_stay_and_a_budget_too_small_names_itself():
     small = ActivationOffload(min_bytes=1 << 30)
     grads_of(False, small)
