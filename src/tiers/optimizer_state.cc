@@ -239,17 +239,14 @@ Result<std::unique_ptr<OptimizerState>> OptimizerState::Create(std::vector<Optim
   state->tracer_ = state->rt_->tracer();
   ZO_ASSIGN_OR_RETURN(const std::vector<OptimizerTensor> on_nvme, state->AllocateHostShare());
   if (!on_nvme.empty()) ZO_RETURN_IF_ERROR(state->SetUpNvme(on_nvme));
+  for (const auto& list : {&state->params_, &state->m_, &state->v_}) {
+    for (const HostMemory& b : *list) state->state_bytes_ += b.size();
+  }
+  for (const auto& slot : state->slots_) state->state_bytes_ += slot->images.size();
   return state;
 }
 
-uint64_t OptimizerState::host_bytes() const {
-  uint64_t total = 0;
-  for (const auto& list : {&params_, &m_, &v_}) {
-    for (const HostMemory& b : *list) total += b.size();
-  }
-  for (const auto& slot : slots_) total += slot->images.size();
-  return total + copy_bytes_;
-}
+uint64_t OptimizerState::host_bytes() const { return state_bytes_ + copy_bytes_.load(); }
 
 namespace {
 
@@ -519,7 +516,7 @@ Result<bool> OptimizerState::Keep(size_t t, uint64_t room) {
   }
   const uint64_t bytes = params_[t].size() + m_[t].size() + v_[t].size();
   if (copy_params_[t].empty()) {
-    if (copy_bytes_ + bytes > room) return false;
+    if (copy_bytes_.load() + bytes > room) return false;
     const std::string what = StrCat("the rollback copy of '", tensors_[t].name, "'s state");
     ZO_ASSIGN_OR_RETURN(copy_params_[t], rt_->AllocateHost(params_[t].size(), what, false));
     ZO_ASSIGN_OR_RETURN(copy_m_[t], rt_->AllocateHost(m_[t].size(), what, false));

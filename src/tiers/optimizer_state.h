@@ -39,6 +39,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -138,7 +139,8 @@ class OptimizerState {
   StateHome home() const { return options_.home; }
   /// Whether tensor i's state is in host memory (else on NVMe).
   bool in_host(size_t i) const { return !params_[i].empty(); }
-  /// Host bytes held: the state in host memory, the pipeline slots and Keep's copies.
+  /// Host bytes held: the state in host memory, the pipeline slots and Keep's second sets.
+  /// (Any thread, during a step too.)
   uint64_t host_bytes() const;
 
   /// Sets tensor i's state (and writes it durably): master parameters (n floats), and m and v
@@ -179,8 +181,6 @@ class OptimizerState {
   void Commit();
   /// Tensor t's master parameters (n floats), its state in host memory.
   const float* host_master(size_t t) const { return params_[t].as<float>(); }
-  /// Bytes of the second sets Keep made.
-  uint64_t kept_copy_bytes() const { return copy_bytes_; }
   /// The same reads and writes as an NVMe step, without the update: the time the disk needs
   /// for a step's bytes (the I/O bound). State is rewritten unchanged.
   Result<StepStats> IoOnlyPass();
@@ -255,7 +255,8 @@ class OptimizerState {
   // whether the next update of each tensor reads there, and the tensors kept since the last
   // Commit or Undo.
   std::vector<HostMemory> copy_params_, copy_m_, copy_v_;
-  uint64_t copy_bytes_ = 0;
+  std::atomic<uint64_t> copy_bytes_{0};  // of the second sets (host_bytes reads it anywhere)
+  uint64_t state_bytes_ = 0;             // the state and the slots, set by Create
   std::vector<bool> reads_copy_;
   std::vector<size_t> kept_;
   Runtime* rt_ = nullptr;
