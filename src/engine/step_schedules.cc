@@ -29,6 +29,15 @@ void Report(const AdamStepResult& result, EngineStepStats* stats) {
   stats->clip_coef = result.clip_coef;
 }
 
+// Whether overlap "none" takes a step of raw (loss-scaled) norm `norm` as it comes: every
+// gradient finite and the clip coefficient 1 for `max_norm`; `grad_norm` gets the norm unscaled.
+bool StandsAsIs(const GradNorm& norm, float loss_scale, double max_norm, double* grad_norm) {
+  if (!norm.finite) return false;
+  float clip_coef = 1;
+  ClipAndUnscale(norm.l2, loss_scale, static_cast<float>(max_norm), grad_norm, &clip_coef);
+  return clip_coef == 1.0f;
+}
+
 // ---- none ---------------------------------------------------------------------------------
 
 // The exact step: the partition gives the norm where it is known before the update (else the
@@ -145,15 +154,11 @@ class BackwardSchedule final : public StepSchedule {
   // are left to the redo. (Not where updates may run without a set: how much of such a step
   // could be undone would then depend on the updater's progress.)
   void AwaitUpdates() override {
-    if (why_.empty() && !may_go_uncopied_ && core_.grads_in_window > 0) {
-      const GradNorm norm = NormOf(core_.squares);
-      double grad_norm = 0;
-      float clip_coef = 1;
-      if (norm.finite) {
-        ClipAndUnscale(norm.l2, loss_scale_, static_cast<float>(core_.config.gradient_clipping),
-                       &grad_norm, &clip_coef);
-      }
-      if (!norm.finite || clip_coef != 1.0f) abandon_.store(true);
+    double grad_norm = 0;
+    if (why_.empty() && !may_go_uncopied_ && core_.grads_in_window > 0 &&
+        !StandsAsIs(NormOf(core_.squares), loss_scale_, core_.config.gradient_clipping,
+                    &grad_norm)) {
+      abandon_.store(true);
     }
     updater_.AwaitAll();
   }
@@ -170,13 +175,8 @@ class BackwardSchedule final : public StepSchedule {
     // The decision overlap "none" makes, from the norm it uses.
     ZO_ASSIGN_OR_RETURN(const std::optional<GradNorm> norm, e.partition->Norm(true));
     double grad_norm = 0;
-    float clip_coef = 1;
-    if (norm->finite) {
-      ClipAndUnscale(norm->l2, stats->loss_scale, static_cast<float>(e.config.gradient_clipping),
-                     &grad_norm, &clip_coef);
-    }
-    if (!norm->finite && uncopied_) return Unrecoverable(stats, outcome);
-    if (!norm->finite || clip_coef != 1.0f) {
+    if (!norm->finite && uncopied_) return Unrecoverable(*norm, stats, outcome);
+    if (!StandsAsIs(*norm, stats->loss_scale, e.config.gradient_clipping, &grad_norm)) {
       const std::vector<size_t> undone = e.state->Undo();
       ZO_RETURN_IF_ERROR(Exact(stats, "redone",
                                !norm->finite
@@ -252,7 +252,7 @@ class BackwardSchedule final : public StepSchedule {
 
   // An inf/NaN gradient after updates made without copies: every finite gradient is applied
   // (the kept copies dropped), the others are left out and named.
-  Status Unrecoverable(EngineStepStats* stats, Status* outcome) {
+  Status Unrecoverable(const GradNorm& norm, EngineStepStats* stats, Status* outcome) {
     EngineCore& e = core_;
     e.state->Commit();
     std::vector<std::string> names;
@@ -267,7 +267,7 @@ class BackwardSchedule final : public StepSchedule {
     stats->speculation = "committed";
     stats->speculation_why = "inf/NaN after updates without copies";
     stats->speculated_elements = speculated_;
-    stats->grad_norm = NonfiniteNorm(NormOf(e.squares).l2);
+    stats->grad_norm = NonfiniteNorm(norm.l2);
     stats->adam_seconds = stats_.adam_seconds;
     *outcome = DataLossError(
         StrCat("Step: the gradients of ", names.size(), " parameters (", FirstFew(names, ", "),
